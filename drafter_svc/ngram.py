@@ -1,0 +1,88 @@
+"""n-gram prompt lookup: find the longest suffix of the sequence that occurred
+earlier in it and propose the tokens that followed that earlier occurrence."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from drafter_svc.draft_length import DraftLengthPolicy
+from drafter_svc.sequences import SequenceState
+
+if TYPE_CHECKING:
+    from drafter_svc.proposer import DraftParams
+
+
+@dataclass(frozen=True)
+class NgramMatch:
+    length: int  # n: how many trailing tokens matched
+    continuation: list[int]  # what followed the earlier occurrence
+
+
+class NgramIndex:
+    """For each n, every n-gram of a sequence mapped to where its latest occurrence ends.
+
+    Grows with the sequence (only new positions are indexed) and leaves out the
+    n-gram ending at the last token, so a lookup of the suffix finds an earlier
+    occurrence. The index for an n is built the first time someone asks for it.
+    """
+
+    def __init__(self, epoch: int = 0):
+        self.epoch = epoch  # of the SequenceState tokens it indexes
+        self._latest_end: dict[int, dict[tuple[int, ...], int]] = {}
+        self._indexed_until: dict[int, int] = {}  # n -> ends < this are indexed
+
+    def longest_match(self, tokens: list[int], min_n: int, max_n: int, limit: int) -> NgramMatch | None:
+        """The longest suffix n-gram (max_n down to min_n) seen earlier, at its most recent
+        earlier occurrence, with up to `limit` tokens of continuation."""
+        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+            end = self._ends_for(tokens, n).get(tuple(tokens[-n:]))
+            if end is not None:
+                return NgramMatch(n, _continuation(tokens, end, limit))
+        return None
+
+    def _ends_for(self, tokens: list[int], n: int) -> dict[tuple[int, ...], int]:
+        latest_end = self._latest_end.setdefault(n, {})
+        first, last = self._indexed_until.get(n, n), len(tokens)  # n-grams ending (exclusive) at first..last-1 are new
+        if first < last:
+            # columns i of the n-grams ending at first..last-1; zip builds them in C, and
+            # dict.update keeps the last (most recent) end of a repeated n-gram
+            columns = [tokens[first - n + i:last - n + i] for i in range(n)]
+            latest_end.update(zip(zip(*columns), range(first, last)))
+            self._indexed_until[n] = last
+        return latest_end
+
+
+def _continuation(tokens: list[int], start: int, limit: int) -> list[int]:
+    # Copy forward from `start`; once the copy reaches the end of the sequence it
+    # continues from its own output (as LZ77 does), so a repeating loop keeps repeating.
+    out = tokens[start:start + limit]
+    period = len(tokens) - start
+    while len(out) < limit:
+        out.append(out[len(out) - period])
+    return out
+
+
+class NgramProposer:
+    """Prompt-lookup drafts, each cut to the length the draft-length policy expects to pay."""
+
+    method = "ngram"
+
+    def __init__(self, policy: DraftLengthPolicy):
+        self.policy = policy
+
+    def propose(self, batch: list[tuple[SequenceState, DraftParams]]) -> list[list[int]]:
+        return [self._propose_one(seq, params) for seq, params in batch]
+
+    def release(self, seq: SequenceState) -> None:
+        """Nothing to learn across sequences; the index goes with the sequence's state."""
+
+    def _propose_one(self, seq: SequenceState, params: DraftParams) -> list[int]:
+        index = seq.proposer_state
+        if index is None or index.epoch != seq.epoch:
+            index = seq.proposer_state = NgramIndex(seq.epoch)
+        match = index.longest_match(seq.tokens, params.prompt_lookup_min, params.prompt_lookup_max,
+                                    params.num_speculative_tokens)
+        if match is None or not match.continuation:
+            return []
+        seq.expect(match.continuation)
+        return match.continuation[:self.policy.draft_length(seq.acceptance, match.length, len(match.continuation))]

@@ -1,0 +1,112 @@
+"""What the drafter keeps per sequence: its committed tokens, kept in sync with
+the target by idempotent updates, and how well recent drafts fared."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specd.types import InvalidArgument
+from specd.v1 import drafter_pb2
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """Committed tokens from `start_position` on, as the target last saw them."""
+    sequence_id: str
+    start_position: int
+    appended_token_ids: list[int]
+
+    @classmethod
+    def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str) -> SequenceUpdate:
+        if not pb.sequence_id:
+            raise InvalidArgument(f"{field_prefix}.sequence_id", "must not be empty")
+        if pb.start_position < 0:
+            raise InvalidArgument(f"{field_prefix}.start_position", f"must be >= 0, got {pb.start_position}")
+        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids))
+
+
+@dataclass
+class AcceptanceHistory:
+    """Accepted draft positions and rejections, weighted toward recent steps.
+
+    A step whose draft matched m positions and then missed records m accepted
+    and 1 rejected, so accepted / (accepted + rejected) estimates the chance
+    that the next draft position is accepted given the previous one was.
+    """
+    accepted: float = 0.0
+    rejected: float = 0.0
+    # Forget old evidence (a window of ~20 steps) so the estimate follows the text as it changes.
+    decay: float = 0.95
+
+    def record(self, accepted: int, rejected: bool) -> None:
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejected = self.rejected * self.decay + rejected
+
+
+class SequenceState:
+    def __init__(self, sequence_id: str):
+        self.sequence_id = sequence_id
+        self.tokens: list[int] = []
+        # Bumped whenever held tokens are dropped or replaced, so incremental indexes know to rebuild.
+        self.epoch = 0
+        self.acceptance = AcceptanceHistory()
+        # Whatever the proposer keeps per sequence (an n-gram index); it lives and dies with the sequence.
+        self.proposer_state: Any = None
+        self._expected: list[int] = []
+        self._expected_at = 0
+
+    def apply(self, start_position: int, appended: list[int]) -> bool:
+        """Truncate to `start_position` and append; False (nothing changes) if we hold
+        fewer than `start_position` tokens and need the whole sequence again."""
+        if start_position > len(self.tokens):
+            return False
+        held = self.tokens[start_position:start_position + len(appended)]
+        if held == appended[:len(held)] and start_position + len(appended) >= len(self.tokens):
+            self.tokens.extend(appended[len(held):])  # a re-sent update only adds what we lack
+        else:
+            del self.tokens[start_position:]
+            self.tokens.extend(appended)
+            self.epoch += 1
+            if start_position < self._expected_at:
+                self._expected = []
+        self._score_expectation()
+        return True
+
+    def expect(self, continuation: list[int]) -> None:
+        """Remember what the proposer predicts follows the current tokens. The draft
+        sent is a prefix of it (maybe empty); scoring all of it keeps the acceptance
+        history learning while drafts are short or withheld."""
+        self._expected = continuation
+        self._expected_at = len(self.tokens)
+
+    def _score_expectation(self) -> None:
+        committed = self.tokens[self._expected_at:self._expected_at + len(self._expected)]
+        if not (self._expected and committed):
+            return
+        accepted = 0
+        while accepted < len(committed) and committed[accepted] == self._expected[accepted]:
+            accepted += 1
+        self.acceptance.record(accepted, rejected=accepted < len(committed))
+        self._expected = []
+
+
+class SequenceRegistry:
+    """Every sequence this drafter tracks, by id."""
+
+    def __init__(self):
+        self._states: dict[str, SequenceState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def apply(self, update: SequenceUpdate) -> SequenceState | None:
+        """The sequence's state after the update, or None when the target must resend it from position 0."""
+        state = self._states.get(update.sequence_id)
+        if state is None:
+            if update.start_position > 0:  # we never saw it, or restarted since
+                return None
+            state = self._states[update.sequence_id] = SequenceState(update.sequence_id)
+        return state if state.apply(update.start_position, update.appended_token_ids) else None
+
+    def release(self, sequence_id: str) -> SequenceState | None:
+        return self._states.pop(sequence_id, None)

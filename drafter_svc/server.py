@@ -1,0 +1,30 @@
+"""Build and run the drafter service: one proposer behind specd.v1.Drafter, plus health, reflection and /metrics."""
+from __future__ import annotations
+
+from drafter_svc.draft_length import DraftLengthPolicy
+from drafter_svc.metrics import DrafterMetrics
+from drafter_svc.proposer import PROPOSERS
+from drafter_svc.sequences import SequenceRegistry
+from drafter_svc.servicer import DrafterServicer
+from specd.serving import Service, ServiceSpec, serve_until_signalled
+from specd.v1 import drafter_pb2, drafter_pb2_grpc
+
+DRAFTER_SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
+
+
+def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
+                   metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = 0.04) -> Service:
+    """A drafter service for `method` (not started). Port 0 in either address picks a free port."""
+    if method not in PROPOSERS:
+        raise ValueError(f"unknown drafter method {method!r}; this drafter serves {', '.join(PROPOSERS)}")
+    proposer = PROPOSERS[method](DraftLengthPolicy(draft_token_cost))
+    metrics = DrafterMetrics(method)
+    servicer = DrafterServicer(proposer, SequenceRegistry(), metrics)
+    spec = ServiceSpec(drafter_pb2_grpc.add_DrafterServicer_to_server, servicer, DRAFTER_SERVICE_NAME)
+    return Service(f"drafter[{method}]", [spec], address, metrics_address, metrics.registry)
+
+
+async def serve(method: str = "ngram", address: str = "127.0.0.1:50061",
+                metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = 0.04) -> None:
+    """Run the drafter until SIGTERM or SIGINT, then shut down gracefully."""
+    await serve_until_signalled(create_service(method, address, metrics_address, draft_token_cost))

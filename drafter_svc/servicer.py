@@ -1,0 +1,60 @@
+"""specd.v1.Drafter: a thin gRPC shell that syncs sequence state and asks the proposer for drafts."""
+from __future__ import annotations
+
+import time
+
+from drafter_svc.metrics import DrafterMetrics
+from drafter_svc.proposer import DraftParams, Proposer
+from drafter_svc.sequences import SequenceRegistry, SequenceUpdate
+from specd.serving import rpc_handler
+from specd.types import InvalidArgument
+from specd.v1 import drafter_pb2, drafter_pb2_grpc
+
+
+class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+    def __init__(self, proposer: Proposer, sequences: SequenceRegistry, metrics: DrafterMetrics):
+        self._proposer = proposer
+        self._sequences = sequences
+        self._metrics = metrics
+        self.rpc_metrics = metrics.rpc  # what @rpc_handler counts calls in
+
+    @rpc_handler
+    async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
+        # Proposing is microseconds per sequence (see tests/drafter_svc), so it runs inline on the event loop.
+        requested = _parse_updates(request)
+        states = [self._sequences.apply(update) for update, _ in requested]
+        batch = [(state, params) for state, (_, params) in zip(states, requested) if state is not None]
+        started = time.perf_counter()
+        drafts = self._proposer.propose(batch)
+        self._metrics.observe_drafts(drafts, time.perf_counter() - started)
+        self._metrics.resyncs.inc(len(states) - len(batch))
+        self._metrics.sequences.set(len(self._sequences))
+        next_draft = iter(drafts).__next__
+        return drafter_pb2.ProposeResponse(drafts=[
+            drafter_pb2.Draft(sequence_id=update.sequence_id, resync_needed=True) if state is None
+            else drafter_pb2.Draft(sequence_id=update.sequence_id, token_ids=next_draft())
+            for (update, _), state in zip(requested, states)])
+
+    @rpc_handler
+    async def Release(self, request: drafter_pb2.ReleaseRequest, context) -> drafter_pb2.ReleaseResponse:
+        for sequence_id in request.sequence_ids:
+            state = self._sequences.release(sequence_id)
+            if state is not None:
+                self._proposer.release(state)
+        self._metrics.sequences.set(len(self._sequences))
+        return drafter_pb2.ReleaseResponse()
+
+
+def _parse_updates(request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, DraftParams]]:
+    """Every entry, validated before any state changes, so a bad request leaves no trace."""
+    parsed, seen = [], set()
+    for i, pb in enumerate(request.sequences):
+        field = f"sequences[{i}]"
+        update = SequenceUpdate.from_pb(pb, field)
+        if update.sequence_id in seen:
+            raise InvalidArgument(f"{field}.sequence_id", f"{update.sequence_id!r} appears twice in one request")
+        seen.add(update.sequence_id)
+        params = DraftParams.from_pb(pb.params)
+        params.validate(f"{field}.params")
+        parsed.append((update, params))
+    return parsed

@@ -1,0 +1,1 @@
+"""Gateway: the public Generation service (tokenize, validate, stream text deltas); no model code."""

@@ -1,0 +1,119 @@
+"""The public Generation service: validate, tokenize, relay to the target, stream text deltas."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.metrics import GatewayMetrics
+from gateway.stop_strings import StopStringMatcher
+from gateway.tokenizer import Tokenizer
+from gateway.validation import GenerationOptions, check_prompt_fits, validate_request
+from specd.serving import rpc_handler
+from specd.types import FINISH_REASON_NAMES, SpeculativeConfig, Usage
+from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2, target_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class GenerationServicer(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, tokenizer: Tokenizer, target_stub: target_pb2_grpc.TargetStub,
+                 model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, metrics: GatewayMetrics):
+        self._tokenizer = tokenizer
+        self._target = target_stub
+        self._model_info = model_info
+        self._default_speculative = default_speculative
+        self._metrics = metrics
+        self.rpc_metrics = metrics.rpc_metrics
+
+    @rpc_handler
+    async def Generate(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        started = time.perf_counter()
+        options = validate_request(request, self._default_speculative, self._model_info.methods)
+        prompt_token_ids = await self._encode(request)
+        upstream = self._target.Generate(_target_request(request, prompt_token_ids, options))
+        # However this RPC ends (client cancel included), the target must free the sequence.
+        context.add_done_callback(lambda _: upstream.cancel())
+        responses = _ResponseStream(self._tokenizer, options.stop, len(prompt_token_ids))
+        observer = self._metrics.observe_request(len(prompt_token_ids), started)
+        with self._metrics.requests_running.track_inprogress():
+            try:
+                async for chunk in upstream:
+                    observer.on_chunk(len(chunk.token_ids))
+                    response = responses.respond(chunk)
+                    if response.finish_reason:
+                        observer.on_finish(FINISH_REASON_NAMES[response.finish_reason])
+                    yield response
+                    if response.finish_reason:
+                        return
+            except grpc.aio.AioRpcError as error:
+                await _abort_like(context, error)
+            finally:
+                upstream.cancel()  # a stop string ended the stream early; a no-op if the target finished
+
+    async def _encode(self, request: generation_pb2.GenerateRequest) -> list[int]:
+        """Prompt token ids, tokenized off the event loop (long prompts take milliseconds)."""
+        if request.WhichOneof("input") == "chat":
+            messages = [(message.role, message.content) for message in request.chat.messages]
+            token_ids = await asyncio.to_thread(self._tokenizer.encode_chat, messages)
+            input_field = "chat.messages"
+        else:
+            token_ids = await asyncio.to_thread(self._tokenizer.encode_prompt, request.prompt)
+            input_field = "prompt"
+        check_prompt_fits(input_field, len(token_ids), self._model_info.max_context_length)
+        return token_ids
+
+
+def _target_request(request: generation_pb2.GenerateRequest, prompt_token_ids: list[int],
+                    options: GenerationOptions) -> target_pb2.TargetGenerateRequest:
+    request_id = request.request_id or uuid.uuid4().hex
+    log.debug("request %s: %d prompt tokens, %s", request_id, len(prompt_token_ids), options.speculative)
+    return target_pb2.TargetGenerateRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                                            sampling=options.sampling.to_pb(),
+                                            speculative=options.speculative.to_pb())
+
+
+async def _abort_like(context: grpc.aio.ServicerContext, error: grpc.aio.AioRpcError) -> None:
+    """End this RPC with the target's status, so callers see INVALID_ARGUMENT etc., not INTERNAL."""
+    details = error.details() or ""
+    if error.code() == grpc.StatusCode.UNAVAILABLE:
+        details = f"target service unavailable: {details}"
+    await context.abort(error.code(), details)
+
+
+class _ResponseStream:
+    """Target chunks in, client chunks out: text deltas cut at the first stop string, and the
+    finish reason and usage on the last one."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], prompt_tokens: int):
+        self._detokenizer = IncrementalDetokenizer(tokenizer)
+        self._stop = StopStringMatcher(stop)
+        # Counted here because the target reports usage only on its last chunk, which a stop string may precede.
+        self._usage_so_far = Usage(prompt_tokens=prompt_tokens)
+
+    def respond(self, chunk: target_pb2.TargetGenerateResponse) -> generation_pb2.GenerateResponse:
+        self._count(chunk)
+        response = generation_pb2.GenerateResponse(text=self._text_of(chunk), token_ids=chunk.token_ids,
+                                                   accepted_draft_tokens=chunk.accepted_draft_tokens)
+        if self._stop.matched or chunk.finish_reason:
+            response.finish_reason = common_pb2.FINISH_REASON_STOP_STRING if self._stop.matched else chunk.finish_reason
+            response.usage.CopyFrom(chunk.usage if chunk.HasField("usage") else self._usage_so_far.to_pb())
+        return response
+
+    def _text_of(self, chunk: target_pb2.TargetGenerateResponse) -> str:
+        text = self._detokenizer.add(chunk.token_ids)
+        if chunk.finish_reason:
+            text += self._detokenizer.flush()
+        visible = self._stop.feed(text)
+        if chunk.finish_reason and not self._stop.matched:
+            visible += self._stop.finish()
+        return visible
+
+    def _count(self, chunk: target_pb2.TargetGenerateResponse) -> None:
+        self._usage_so_far.completion_tokens += len(chunk.token_ids)
+        self._usage_so_far.verification_steps += 1
+        self._usage_so_far.accepted_draft_tokens += chunk.accepted_draft_tokens

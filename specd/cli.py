@@ -1,0 +1,162 @@
+"""The `specd` command line: start services, generate text, run benchmarks."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
+from specd.model_store import DEFAULT_MODEL
+from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
+from specd.v1 import common_pb2
+
+DEFAULT_ADDRESSES = {
+    "gateway": ("127.0.0.1:50051", "127.0.0.1:9100"),
+    "target": ("127.0.0.1:50052", "127.0.0.1:9101"),
+    "drafter": ("127.0.0.1:50061", "127.0.0.1:9102"),
+}
+
+
+def _add_speculative_flags(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """Speculative settings; for `generate` unset flags defer to the deployment's defaults."""
+    d = SpeculativeConfig() if defaults else None
+    group = parser.add_argument_group("speculative decoding")
+    group.add_argument("--method", default=d and d.method,
+                       help="none | ngram" + (f" (default {d.method})" if d else " (default: the server's)"))
+    group.add_argument("--num-speculative-tokens", "-k", type=int, default=d and d.num_speculative_tokens,
+                       help="most draft tokens per sequence per step, 0..16")
+    group.add_argument("--prompt-lookup-min", type=int, default=d and d.prompt_lookup_min,
+                       help="shortest suffix n-gram the n-gram drafter matches")
+    group.add_argument("--prompt-lookup-max", type=int, default=d and d.prompt_lookup_max,
+                       help="longest suffix n-gram the n-gram drafter matches")
+
+
+def _speculative_of(args: argparse.Namespace) -> SpeculativeConfig:
+    return SpeculativeConfig(args.method, args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max)
+
+
+def _speculative_overrides(args: argparse.Namespace) -> common_pb2.SpeculativeConfig:
+    pb = common_pb2.SpeculativeConfig(method=args.method or "")
+    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        if getattr(args, name) is not None:
+            setattr(pb, name, getattr(args, name))
+    return pb
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specd", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="start gateway + target + n-gram drafter on loopback, until Ctrl-C")
+    up.add_argument("--model", default=DEFAULT_MODEL,
+                    help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
+    up.add_argument("--threads", type=int, default=None, help="torch threads of the target (default: torch's)")
+
+    serve = commands.add_parser("serve", help="start one service")
+    services = serve.add_subparsers(dest="service", required=True)
+    for name, (address, metrics) in DEFAULT_ADDRESSES.items():
+        sub = services.add_parser(name, help=f"the {name} service")
+        sub.add_argument("--listen", default=address, help=f"gRPC address (default {address})")
+        sub.add_argument("--metrics-listen", default=metrics, help=f"Prometheus /metrics address (default {metrics})")
+    target, gateway, drafter = (services.choices[n] for n in ("target", "gateway", "drafter"))
+    for sub in (target, gateway):
+        sub.add_argument("--model", default=DEFAULT_MODEL,
+                         help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
+        _add_speculative_flags(sub, defaults=True)
+    target.add_argument("--drafter", action="append", default=[], metavar="METHOD=ADDRESS",
+                        help="a drafter service to use, e.g. ngram=127.0.0.1:50061 (repeatable)")
+    target.add_argument("--drafter-timeout-ms", type=float, default=50.0,
+                        help="deadline of one Propose RPC; a late drafter means a draft-free step (default 50)")
+    target.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
+    target.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
+    target.add_argument("--default-max-tokens", type=int, default=256,
+                        help="max_tokens of requests that do not set it (default 256)")
+    target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    gateway.add_argument("--target", default=DEFAULT_ADDRESSES["target"][0], help="target service address")
+    drafter.add_argument("--method", default="ngram", help="proposer to serve (default ngram)")
+
+    gen = commands.add_parser("generate", help="stream text from a running gateway")
+    gen.add_argument("prompt", help="prompt text (a user message with --chat)")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
+    gen.add_argument("--system", default=None, help="a system message (with --chat)")
+    gen.add_argument("--gateway", default=DEFAULT_GATEWAY, help=f"gateway address (default {DEFAULT_GATEWAY})")
+    gen.add_argument("--max-tokens", type=int, default=0, help="most tokens to generate (default: the server's)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
+    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1)")
+    gen.add_argument("--seed", type=int, default=None, help="seed of this request's random stream")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
+    _add_speculative_flags(gen, defaults=False)
+    return parser
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    messages = None
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                   [{"role": "user", "content": args.prompt}]
+    sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.repetition_penalty, args.seed,
+                              args.max_tokens)
+    request = build_request(None if args.chat else args.prompt, messages, sampling, args.stop,
+                            _speculative_overrides(args))
+    async with SpecdClient(args.gateway) as client:
+        async for chunk in client.generate(request):
+            if args.json:
+                print(json.dumps({"text": chunk.text, "token_ids": list(chunk.token_ids),
+                                  "accepted_draft_tokens": chunk.accepted_draft_tokens}), flush=True)
+            else:
+                print(chunk.text, end="", flush=True)
+            if chunk.finish_reason:
+                _print_final(chunk, args.json)
+    return 0
+
+
+def _print_final(chunk, as_json: bool) -> None:
+    usage = {f.name: getattr(chunk.usage, f.name) for f in chunk.usage.DESCRIPTOR.fields}
+    reason = FINISH_REASON_NAMES.get(chunk.finish_reason, "unspecified")
+    if as_json:
+        print(json.dumps({"finish_reason": reason, "usage": usage}), flush=True)
+    else:
+        steps = max(1, usage["verification_steps"])
+        print(f"\n[{reason}] {usage['completion_tokens']} tokens in {usage['verification_steps']} steps "
+              f"({usage['completion_tokens'] / steps:.2f} tokens/step, "
+              f"{usage['accepted_draft_tokens']}/{usage['draft_tokens']} drafts accepted)", file=sys.stderr)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.service == "target":
+        from target_svc.server import TargetOptions, serve
+        drafters = dict(spec.split("=", 1) for spec in args.drafter)
+        asyncio.run(serve(TargetOptions(
+            model=args.model, address=args.listen, metrics_address=args.metrics_listen, drafters=drafters,
+            default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
+            kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
+            default_max_tokens=args.default_max_tokens, num_threads=args.threads)))
+    elif args.service == "gateway":
+        from gateway.server import serve
+        asyncio.run(serve(model=args.model, target_address=args.target, address=args.listen,
+                          metrics_address=args.metrics_listen, default_speculative=_speculative_of(args)))
+    else:
+        from drafter_svc.server import serve
+        asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command == "generate":
+        return asyncio.run(_generate(args))
+    if args.command == "serve":
+        return _serve(args)
+    from specd.stack import run_stack
+    return run_stack(args.model, args.threads)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""A small async client of the gateway's public Generation API."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from specd.types import SamplingParams
+from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc
+
+DEFAULT_GATEWAY = "127.0.0.1:50051"
+
+
+def build_request(prompt: str | None = None, messages: list[dict[str, str]] | None = None,
+                  sampling: SamplingParams = SamplingParams(), stop: list[str] | None = None,
+                  speculative: common_pb2.SpeculativeConfig | None = None) -> generation_pb2.GenerateRequest:
+    """A GenerateRequest from either a prompt or chat messages ({"role", "content"} dicts)."""
+    request = generation_pb2.GenerateRequest(sampling=sampling.to_pb(), stop=stop or [], speculative=speculative)
+    if messages is not None:
+        request.chat.messages.extend(generation_pb2.ChatMessage(**m) for m in messages)
+    else:
+        request.prompt = prompt or ""
+    return request
+
+
+class SpecdClient:
+    def __init__(self, address: str = DEFAULT_GATEWAY):
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+
+    def generate(self, request: generation_pb2.GenerateRequest,
+                 timeout: float | None = None) -> AsyncIterator[generation_pb2.GenerateResponse]:
+        """Stream of chunks; the last one carries finish_reason and usage."""
+        return self._stub.Generate(request, timeout=timeout)
+
+    async def complete(self, request: generation_pb2.GenerateRequest,
+                       timeout: float | None = None) -> tuple[str, list[int], generation_pb2.GenerateResponse]:
+        """The whole text, all token ids and the last chunk."""
+        text, token_ids, last = [], [], None
+        async for chunk in self.generate(request, timeout):
+            text.append(chunk.text)
+            token_ids.extend(chunk.token_ids)
+            last = chunk
+        return "".join(text), token_ids, last
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> SpecdClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

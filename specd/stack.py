@@ -1,0 +1,135 @@
+"""Runs the whole system as separate processes on loopback: `specd up`.
+
+Each service is its own `specd serve ...` process, as in a real deployment, so
+a drafter can die (and is restarted) without touching the target or gateway.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specd.model_store import DEFAULT_MODEL
+
+
+@dataclass
+class StackPorts:
+    gateway: int = 50051
+    target: int = 50052
+    drafter: int = 50061
+    gateway_metrics: int = 9100
+    target_metrics: int = 9101
+    drafter_metrics: int = 9102
+
+
+@dataclass
+class Stack:
+    """gateway + target + n-gram drafter as child processes."""
+    model: str = DEFAULT_MODEL
+    ports: StackPorts = field(default_factory=StackPorts)
+    host: str = "127.0.0.1"
+    threads: int | None = None
+    extra_target_args: list[str] = field(default_factory=list)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def address(self, service: str) -> str:
+        return f"{self.host}:{getattr(self.ports, service)}"
+
+    def metrics_url(self, service: str) -> str:
+        return f"http://{self.host}:{getattr(self.ports, service + '_metrics')}/metrics"
+
+    def command(self, service: str) -> list[str]:
+        base = [sys.executable, "-m", "specd.cli", "serve", service, "--listen", self.address(service),
+                "--metrics-listen", f"{self.host}:{getattr(self.ports, service + '_metrics')}"]
+        if service == "drafter":
+            return [*base, "--method", "ngram"]
+        if service == "target":
+            threads = ["--threads", str(self.threads)] if self.threads else []
+            return [*base, "--model", self.model, "--drafter", f"ngram={self.address('drafter')}",
+                    *threads, *self.extra_target_args]
+        return [*base, "--model", self.model, "--target", self.address("target")]
+
+    def start(self, service: str) -> None:
+        self.processes[service] = subprocess.Popen(self.command(service))
+
+    def up(self, timeout_s: float = 300.0) -> None:
+        """Start every service and wait until each reports SERVING."""
+        for service in ("drafter", "target", "gateway"):
+            self.start(service)
+        deadline = time.monotonic() + timeout_s
+        for service in ("drafter", "target", "gateway"):
+            self.wait_healthy(service, deadline)
+
+    def wait_healthy(self, service: str, deadline: float) -> None:
+        with grpc.insecure_channel(self.address(service)) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.processes[service].poll() is not None:
+                    raise RuntimeError(f"{service} exited with code {self.processes[service].returncode}")
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
+                            health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{service} did not become healthy")
+                time.sleep(0.2)
+
+    def kill(self, service: str) -> None:
+        self.processes[service].kill()
+        self.processes[service].wait()
+
+    def down(self) -> None:
+        """SIGTERM everything (graceful shutdown), then wait."""
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def supervise(self) -> int:
+        """Until SIGINT/SIGTERM: restart a drafter that dies; stop all if another service dies."""
+        stopping = False
+
+        def stop(*_):
+            nonlocal stopping
+            stopping = True
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        while not stopping:
+            time.sleep(0.5)
+            for service, proc in list(self.processes.items()):
+                if proc.poll() is None or stopping:
+                    continue
+                if service != "drafter":
+                    print(f"specd: {service} exited with code {proc.returncode}; stopping", file=sys.stderr)
+                    self.down()
+                    return 1
+                print("specd: drafter exited; restarting it (requests go on draft-free meanwhile)", file=sys.stderr)
+                self.start(service)
+        self.down()
+        return 0
+
+
+def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None) -> int:
+    stack = Stack(model=model, threads=threads)
+    try:
+        stack.up()
+    except (RuntimeError, TimeoutError) as err:
+        print(f"specd: {err}", file=sys.stderr)
+        stack.down()
+        return 1
+    print("specd is up:")
+    for service in ("gateway", "target", "drafter"):
+        print(f"  {service:8} grpc {stack.address(service):18} metrics {stack.metrics_url(service)}")
+    print('try:  specd generate --chat "Write a haiku about speculative decoding"', flush=True)
+    return stack.supervise()

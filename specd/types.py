@@ -1,0 +1,129 @@
+"""Domain types shared by the services, with their protobuf conversion.
+
+Protobuf messages are converted to these dataclasses only at a service's edge;
+everything inside a service works on the dataclasses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from specd.v1 import common_pb2
+
+MAX_SPECULATIVE_TOKENS = 16
+
+
+class InvalidArgument(ValueError):
+    """A request field is out of range; becomes gRPC INVALID_ARGUMENT naming the field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 0  # 0: the server default
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise InvalidArgument("sampling.temperature", f"must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument("sampling.top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidArgument("sampling.top_k", f"must be >= 0, got {self.top_k}")
+        if not self.repetition_penalty > 0.0:
+            raise InvalidArgument("sampling.repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if self.max_tokens < 0:
+            raise InvalidArgument("sampling.max_tokens", f"must be >= 0, got {self.max_tokens}")
+
+    @classmethod
+    def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
+        return cls(
+            temperature=pb.temperature,
+            top_p=pb.top_p or 1.0,  # proto3 default 0 means "off"
+            top_k=pb.top_k,
+            repetition_penalty=pb.repetition_penalty or 1.0,
+            seed=pb.seed if pb.HasField("seed") else None,
+            max_tokens=pb.max_tokens,
+        )
+
+    def to_pb(self) -> common_pb2.SamplingParams:
+        pb = common_pb2.SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                       repetition_penalty=self.repetition_penalty, max_tokens=self.max_tokens)
+        if self.seed is not None:
+            pb.seed = self.seed
+        return pb
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM-style speculative_config; per deployment, overridable per request."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 8
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+
+    def validate(self, served_methods: tuple[str, ...] | list[str]) -> None:
+        if self.method not in served_methods:
+            raise InvalidArgument("speculative.method",
+                                  f"unknown method {self.method!r}; this deployment serves {', '.join(served_methods)}")
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidArgument("speculative.num_speculative_tokens",
+                                  f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min < 1:
+            raise InvalidArgument("speculative.prompt_lookup_min", f"must be >= 1, got {self.prompt_lookup_min}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise InvalidArgument("speculative.prompt_lookup_max",
+                                  f"must be >= prompt_lookup_min ({self.prompt_lookup_min}), got {self.prompt_lookup_max}")
+
+    @property
+    def speculates(self) -> bool:
+        return self.method != "none" and self.num_speculative_tokens > 0
+
+    def merged_with(self, pb: common_pb2.SpeculativeConfig) -> SpeculativeConfig:
+        """This config with the fields a request set overriding it."""
+        overrides = {name: getattr(pb, name) for name in
+                     ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max") if pb.HasField(name)}
+        if pb.method:
+            overrides["method"] = pb.method
+        return replace(self, **overrides)
+
+    def to_pb(self) -> common_pb2.SpeculativeConfig:
+        return common_pb2.SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
+                                            prompt_lookup_min=self.prompt_lookup_min,
+                                            prompt_lookup_max=self.prompt_lookup_max)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    verification_steps: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+
+    def to_pb(self) -> common_pb2.Usage:
+        return common_pb2.Usage(**vars(self))
+
+    @classmethod
+    def from_pb(cls, pb: common_pb2.Usage) -> Usage:
+        return cls(pb.prompt_tokens, pb.completion_tokens, pb.verification_steps, pb.draft_tokens,
+                   pb.accepted_draft_tokens)
+
+
+FinishReason = common_pb2.FinishReason
+FINISH_REASON_NAMES = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_STOP_STRING: "stop_string",
+}

@@ -1,0 +1,1 @@
+"""Target service: runs the large model that verifies draft tokens."""

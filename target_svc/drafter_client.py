@@ -1,0 +1,111 @@
+"""Asks drafter services for drafts, one batched RPC per service per step.
+
+A drafter is an optimisation, never a dependency: any failure or a missed
+deadline means "no drafts this step" for its sequences, and the request goes
+on draft-free.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from specd.v1 import drafter_pb2, drafter_pb2_grpc
+from target_svc.metrics import TargetMetrics
+from target_svc.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class DrafterClient:
+    """One drafter service; remembers how many of each sequence's tokens it has been told."""
+
+    def __init__(self, method: str, address: str, timeout_s: float, metrics: TargetMetrics):
+        self.method = method
+        self.address = address
+        self._timeout_s = timeout_s
+        self._metrics = metrics
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        self._synced: dict[str, int] = {}
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """Drafts of at most k tokens for each (sequence, k); {} if the drafter failed."""
+        request = drafter_pb2.ProposeRequest(sequences=[self._update(seq, k) for seq, k in wanted])
+        started = time.perf_counter()
+        try:
+            response = await self._stub.Propose(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as err:
+            self._metrics.drafter_failures.labels(self.method, err.code().name).inc()
+            return {}
+        finally:
+            self._metrics.drafter_rpc_latency.labels(self.method).observe(time.perf_counter() - started)
+        return self._accept(wanted, response)
+
+    def _update(self, seq: Sequence, k: int) -> drafter_pb2.SequenceUpdate:
+        spec = seq.speculative
+        start = self._synced.get(seq.request_id, 0)
+        return drafter_pb2.SequenceUpdate(
+            sequence_id=seq.request_id, start_position=start, appended_token_ids=seq.tokens[start:],
+            params=drafter_pb2.DraftParams(num_speculative_tokens=k, prompt_lookup_min=spec.prompt_lookup_min,
+                                           prompt_lookup_max=spec.prompt_lookup_max))
+
+    def _accept(self, wanted: list[tuple[Sequence, int]], response: drafter_pb2.ProposeResponse) -> dict[str, list[int]]:
+        if len(response.drafts) != len(wanted):
+            self._metrics.drafter_failures.labels(self.method, "MALFORMED").inc()
+            return {}
+        drafts = {}
+        for (seq, k), draft in zip(wanted, response.drafts):
+            # Only after a successful reply do we know the drafter holds every token.
+            self._synced[seq.request_id] = 0 if draft.resync_needed else len(seq.tokens)
+            drafts[seq.request_id] = list(draft.token_ids[:k])
+        return drafts
+
+    def release(self, request_ids: list[str]) -> None:
+        """Tell the drafter these sequences finished; best effort, in the background."""
+        ids = [i for i in request_ids if self._synced.pop(i, None) is not None]
+        if ids:
+            asyncio.get_running_loop().create_task(self._release(ids))
+
+    async def _release(self, ids: list[str]) -> None:
+        try:
+            await self._stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=ids), timeout=1.0)
+        except grpc.aio.AioRpcError as err:
+            log.debug("drafter %s: release failed: %s", self.method, err.code().name)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class Drafters:
+    """Every drafter service of the deployment, keyed by method."""
+
+    def __init__(self, clients: list[DrafterClient], vocab_size: int):
+        self._clients = {c.method: c for c in clients}
+        self._vocab_size = vocab_size
+
+    @property
+    def methods(self) -> list[str]:
+        return ["none", *self._clients]
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """Drafts for every (sequence, k) with k > 0, asking all services concurrently."""
+        by_method: dict[str, list[tuple[Sequence, int]]] = {}
+        for seq, k in wanted:
+            if k > 0 and seq.speculative.method in self._clients:
+                by_method.setdefault(seq.speculative.method, []).append((seq, k))
+        replies = await asyncio.gather(*(self._clients[m].propose(group) for m, group in by_method.items()))
+        drafts = {}
+        for reply in replies:
+            drafts.update({sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d)})
+        return drafts
+
+    def release(self, seq: Sequence) -> None:
+        client = self._clients.get(seq.speculative.method)
+        if client is not None:
+            client.release([seq.request_id])
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._clients.values()))

@@ -1,0 +1,66 @@
+"""Logits processors, applied identically at every verification row.
+
+Row j of a sequence's verification block scores the token after its committed
+tokens plus drafts[:j], so the repetition penalty sees those drafts as if they
+had been accepted. The order follows transformers' `generate`: repetition
+penalty, temperature, top-k, top-p.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specd.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What one verification row needs to be processed: its sequence's params and history."""
+    sampling: SamplingParams
+    history: list[int]  # committed tokens (prompt + output)
+    drafts_before: list[int]  # drafts between the committed tokens and this row
+
+
+def apply_repetition_penalty(logits: torch.Tensor, rows: list[RowContext]) -> None:
+    """In place: a token seen before has its logit divided (if > 0) or multiplied (if < 0) by the penalty."""
+    for i, row in enumerate(rows):
+        penalty = row.sampling.repetition_penalty
+        if penalty == 1.0:
+            continue
+        seen = torch.tensor(sorted(set(row.history) | set(row.drafts_before)), dtype=torch.long)
+        scores = logits[i, seen]
+        logits[i, seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
+
+
+def to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[R, V] sampling distribution per row (temperature, top-k, top-p); rows must not be greedy."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
+    logits = logits / temperature
+    _mask_top_k(logits, [p.top_k for p in params])
+    _mask_top_p(logits, [p.top_p for p in params])
+    return torch.softmax(logits, dim=-1)
+
+
+def _mask_top_k(logits: torch.Tensor, top_ks: list[int]) -> None:
+    rows = [i for i, k in enumerate(top_ks) if 0 < k < logits.shape[-1]]
+    if not rows:
+        return
+    ks = torch.tensor([top_ks[i] for i in rows])
+    top_values = logits[rows].topk(int(ks.max()), dim=-1).values  # [r, max_k]
+    kth = top_values.gather(1, (ks - 1).unsqueeze(1))  # [r, 1]
+    logits[rows] = logits[rows].masked_fill(logits[rows] < kth, float("-inf"))
+
+
+def _mask_top_p(logits: torch.Tensor, top_ps: list[float]) -> None:
+    rows = [i for i, p in enumerate(top_ps) if p < 1.0]
+    if not rows:
+        return
+    sub = logits[rows]
+    sorted_logits, order = sub.sort(dim=-1, descending=True)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    # Drop a token once the mass before it already reaches top_p; the top token always stays.
+    mass_before = cumulative - sorted_logits.softmax(dim=-1)
+    drop_sorted = mass_before >= torch.tensor([top_ps[i] for i in rows], dtype=sub.dtype).unsqueeze(1)
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    logits[rows] = sub.masked_fill(drop, float("-inf"))

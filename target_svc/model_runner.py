@@ -1,0 +1,100 @@
+"""The target model runner: one forward pass over a batch of sequences on the paged KV cache."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from target_svc.kv_cache import BlockAllocator, KVCache, OutOfBlocks
+from target_svc.llama import LlamaModel, PagedAttention, SeqSpan
+
+
+@dataclass
+class SequenceInput:
+    seq_id: str
+    token_ids: list[int]  # new tokens: the prompt for a prefill, last token + drafts for a verify step
+    start_position: int  # tokens of this sequence already in the KV cache (positions 0..start_position-1)
+    num_logits: int  # logits wanted for the LAST num_logits of token_ids
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str | Path, kv_cache_tokens: int = 16384, block_size: int = 16,
+                 num_threads: int | None = None, device="cpu"):
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.device = torch.device(device)
+        self.model = LlamaModel.from_pretrained(model_dir, self.device)
+        self.config = self.model.config
+        self.vocab_size: int = self.config.vocab_size
+        self.max_context_length: int = self.config.max_position_embeddings
+        self.eos_token_ids: list[int] = _eos_token_ids(Path(model_dir), self.config)
+        num_blocks = -(-kv_cache_tokens // block_size)
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.cache = KVCache(self.config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim,
+                             num_blocks, block_size, device=self.device)
+
+    def forward(self, batch: list[SequenceInput]) -> torch.Tensor:
+        """ONE forward pass over every sequence's new tokens (flattened, no padding).
+
+        Reserves KV capacity for start_position+len(token_ids) per sequence (raises
+        OutOfBlocks before touching anything if it cannot), writes the new K/V into
+        the cache and returns fp32 logits [sum(num_logits), vocab] in batch order.
+        Committed lengths are the caller's: it calls allocator.truncate to roll back.
+        """
+        self._validate(batch)
+        self._reserve_all(batch)
+        spans = [SeqSpan(s.start_position, len(s.token_ids), self.allocator.block_table(s.seq_id)) for s in batch]
+        attention = PagedAttention(spans, self.allocator.block_size, self.device)
+        input_ids, positions, logit_rows = self._flatten(batch)
+        with torch.inference_mode():
+            return self.model.forward(input_ids, positions, attention, self.cache, logit_rows)
+
+    def _validate(self, batch: list[SequenceInput]) -> None:
+        if not batch:
+            raise ValueError("empty batch")
+        if len({s.seq_id for s in batch}) != len(batch):
+            raise ValueError("a sequence appears twice in one batch")
+        for s in batch:
+            if not s.token_ids or not 0 <= s.num_logits <= len(s.token_ids) or s.start_position < 0:
+                raise ValueError(f"bad input for {s.seq_id!r}: {len(s.token_ids)} tokens, "
+                                 f"num_logits={s.num_logits}, start_position={s.start_position}")
+            if s.start_position + len(s.token_ids) > self.max_context_length:
+                raise ValueError(f"{s.seq_id!r} would exceed the {self.max_context_length}-token context")
+
+    def _reserve_all(self, batch: list[SequenceInput]) -> None:
+        """All or nothing across the batch, so a failure leaves every sequence as it was."""
+        needed = sum(self.allocator.blocks_needed(s.seq_id, _end(s)) for s in batch)
+        if needed > self.allocator.num_free_blocks:
+            raise OutOfBlocks(f"batch needs {needed} blocks, {self.allocator.num_free_blocks} free")
+        for s in batch:
+            self.allocator.reserve(s.seq_id, _end(s))
+
+    def _flatten(self, batch: list[SequenceInput]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids, positions [T] and the rows [sum(num_logits)] whose logits are wanted."""
+        ids, positions, rows, first = [], [], [], 0
+        for s in batch:
+            n = len(s.token_ids)
+            ids.extend(s.token_ids)
+            positions.extend(range(s.start_position, s.start_position + n))
+            rows.extend(range(first + n - s.num_logits, first + n))
+            first += n
+        def tensor(values):
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+        return tensor(ids), tensor(positions), tensor(rows)
+
+
+def _end(s: SequenceInput) -> int:
+    return s.start_position + len(s.token_ids)
+
+
+def _eos_token_ids(model_dir: Path, config) -> list[int]:
+    """generation_config.json wins over config.json; either may hold an int or a list."""
+    eos = getattr(config, "eos_token_id", None)
+    generation_config = model_dir / "generation_config.json"
+    if generation_config.exists():
+        eos = json.loads(generation_config.read_text()).get("eos_token_id", eos)
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)

@@ -1,0 +1,182 @@
+"""Continuous batching: requests join and leave between steps.
+
+One step, for every running sequence at once: ask the drafters (with a
+deadline), run ONE forward pass over prompts being prefilled and every decoding
+sequence's last token plus drafts, verify, roll back rejected KV entries and
+stream the committed tokens. Model compute runs on a worker thread, never on
+the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+from specd.serving import ResourceExhausted
+from specd.types import FINISH_REASON_NAMES
+from target_svc.drafter_client import Drafters
+from target_svc.metrics import TargetMetrics
+from target_svc.model_runner import ModelRunner, SequenceInput
+from target_svc.sequence import Sequence, StepOutput
+from target_svc.verifier import VerifyInput, VerifyResult, verify
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, drafters: Drafters, metrics: TargetMetrics,
+                 max_num_seqs: int = 64, max_step_tokens: int = 4096):
+        self._runner = runner
+        self._drafters = drafters
+        self._metrics = metrics
+        self._max_num_seqs = max_num_seqs
+        self._max_step_tokens = max_step_tokens
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        # Blocks promised to admitted sequences for their worst case, so a
+        # running sequence never runs out of KV memory mid-generation.
+        self._promised_blocks: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specd-forward")
+        metrics.kv_blocks_total.set(runner.allocator.num_blocks)
+
+    # -- requests -------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        if self._blocks_needed(seq) > self._runner.allocator.num_blocks:
+            raise ResourceExhausted(f"prompt_token_ids: {len(seq.prompt)} prompt tokens + {seq.max_tokens} max tokens "
+                                    f"need more KV cache than the server has "
+                                    f"({self._runner.allocator.num_blocks * self._runner.allocator.block_size} tokens)")
+        self._waiting.append(seq)
+        self._metrics.requests_waiting.set(len(self._waiting))
+        self._wake.set()
+
+    def abort(self, seq: Sequence) -> None:
+        """The client went away: drop the sequence at the next step boundary (its KV may be in use now)."""
+        seq.aborted = True
+        self._wake.set()
+
+    # -- the loop -------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            if not (self._waiting or self._running):
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                await self.step()
+            except Exception:  # a bug in one step must not take the server down with it
+                log.exception("step failed; failing the running requests")
+                for seq in list(self._running):
+                    seq.outputs.put_nowait(RuntimeError("internal error in the decoding step"))
+                    self._finish(seq, "error")
+
+    async def step(self) -> None:
+        self._drop_aborted()
+        prefills = self._admit()
+        decodes = [s for s in self._running if not s.in_prefill]
+        if not prefills and not decodes:
+            return
+        drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes])
+        batch = prefills + decodes
+        seq_drafts = [drafts.get(s.request_id, []) for s in batch]
+        results = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._forward_and_verify, batch, seq_drafts)
+        for seq, draft, result in zip(batch, seq_drafts, results):
+            self._commit(seq, draft, result)
+        self._metrics.kv_blocks_used.set(self._runner.allocator.num_blocks - self._runner.allocator.num_free_blocks)
+
+    def _forward_and_verify(self, batch: list[Sequence], seq_drafts: list[list[int]]) -> list[VerifyResult]:
+        """Worker thread: one forward pass over the whole batch, then verification."""
+        started = time.perf_counter()
+        inputs = [self._input_of(seq, draft) for seq, draft in zip(batch, seq_drafts)]
+        logits = self._runner.forward(inputs)
+        results = verify(logits, [VerifyInput(s.sampling, s.tokens, d, s.generator) for s, d in zip(batch, seq_drafts)])
+        self._metrics.forward_time.observe(time.perf_counter() - started)
+        self._metrics.step_batch_size.observe(len(batch))
+        self._metrics.step_tokens.observe(sum(len(i.token_ids) for i in inputs))
+        return results
+
+    @staticmethod
+    def _input_of(seq: Sequence, draft: list[int]) -> SequenceInput:
+        if seq.in_prefill:
+            return SequenceInput(seq.request_id, seq.prompt, 0, 1)
+        return SequenceInput(seq.request_id, [seq.tokens[-1], *draft], seq.num_cached, len(draft) + 1)
+
+    # -- admission and retirement ---------------------------------------------
+
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        budget = self._max_step_tokens
+        free = self._runner.allocator.num_blocks - sum(self._promised_blocks.values())
+        while self._waiting and len(self._running) < self._max_num_seqs:
+            seq = self._waiting[0]
+            blocks = self._blocks_needed(seq)
+            if blocks > free or (admitted and len(seq.prompt) > budget):
+                break
+            self._waiting.popleft()
+            free -= blocks
+            budget -= len(seq.prompt)
+            self._promised_blocks[seq.request_id] = blocks
+            seq.scheduled_at = time.perf_counter()
+            self._metrics.queue_time.observe(seq.scheduled_at - seq.arrived_at)
+            self._running.append(seq)
+            admitted.append(seq)
+        self._update_gauges()
+        return admitted
+
+    def _blocks_needed(self, seq: Sequence) -> int:
+        worst_tokens = len(seq.prompt) + seq.max_tokens + seq.speculative.num_speculative_tokens
+        return math.ceil(worst_tokens / self._runner.allocator.block_size)
+
+    def _drop_aborted(self) -> None:
+        for seq in [s for s in self._running if s.aborted]:
+            self._finish(seq, "aborted")
+        if any(s.aborted for s in self._waiting):
+            self._waiting = deque(s for s in self._waiting if not s.aborted)
+        self._update_gauges()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self._runner.allocator.free(seq.request_id)
+        self._promised_blocks.pop(seq.request_id, None)
+        self._drafters.release(seq)
+        self._running.remove(seq)
+        self._metrics.requests_finished.labels(reason).inc()
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self._metrics.requests_running.set(len(self._running))
+        self._metrics.requests_waiting.set(len(self._waiting))
+
+    # -- committing a step's result -------------------------------------------
+
+    def _commit(self, seq: Sequence, draft: list[int], result: VerifyResult) -> None:
+        out = seq.commit(result.tokens(draft), result.num_accepted, len(draft))
+        self._runner.allocator.truncate(seq.request_id, seq.num_cached)  # roll back rejected drafts
+        self._record(seq, draft, out)
+        seq.outputs.put_nowait(out)
+        if out.finish_reason:
+            self._finish(seq, FINISH_REASON_NAMES[out.finish_reason])
+            self._metrics.e2e_latency.labels(seq.speculative.method).observe(time.perf_counter() - seq.arrived_at)
+
+    def _record(self, seq: Sequence, draft: list[int], out: StepOutput) -> None:
+        m, method, now = self._metrics, seq.speculative.method, time.perf_counter()
+        if seq.last_token_at is None:
+            m.time_to_first_token.labels(method).observe(now - seq.arrived_at)
+        else:
+            gap = (now - seq.last_token_at) / max(1, len(out.token_ids))
+            for _ in out.token_ids:
+                m.inter_token_latency.labels(method).observe(gap)
+            m.verification_steps.labels(method).inc()
+            m.draft_tokens.labels(method).inc(len(draft))
+            m.accepted_tokens.labels(method).inc(out.accepted_draft_tokens)
+            for position in range(out.accepted_draft_tokens):
+                m.accepted_per_position.labels(method, str(position)).inc()
+        m.output_tokens.labels(method).inc(len(out.token_ids))
+        seq.last_token_at = now
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)

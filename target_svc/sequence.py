@@ -1,0 +1,83 @@
+"""A request as the target's scheduler sees it."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specd.types import SamplingParams, SpeculativeConfig, Usage
+from specd.v1 import common_pb2
+
+
+@dataclass
+class StepOutput:
+    """Tokens one verification step committed for one sequence."""
+    token_ids: list[int]
+    accepted_draft_tokens: int
+    finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
+    usage: Usage | None = None  # set on the last output
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingParams
+    speculative: SpeculativeConfig
+    max_tokens: int  # resolved: never past the context end
+    eos_token_ids: frozenset[int]
+    output: list[int] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived_at: float = field(default_factory=time.perf_counter)
+    scheduled_at: float | None = None
+    last_token_at: float | None = None
+    aborted: bool = False
+
+    def __post_init__(self):
+        self.usage.prompt_tokens = len(self.prompt)
+        self.generator = torch.Generator()
+        self.generator.manual_seed(self.sampling.seed if self.sampling.seed is not None else torch.seed())
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_cached(self) -> int:
+        """Tokens whose KV entries are committed: all but the newest, which the next step feeds in."""
+        return len(self.prompt) + len(self.output) - 1
+
+    @property
+    def in_prefill(self) -> bool:
+        return not self.output
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.output)
+
+    def draft_budget(self) -> int:
+        """The most drafts worth verifying this step: never past max_tokens (the step adds one more)."""
+        if self.in_prefill or not self.speculative.speculates:
+            return 0
+        return max(0, min(self.speculative.num_speculative_tokens, self.remaining - 1))
+
+    def commit(self, new_tokens: list[int], accepted: int, num_drafts: int) -> StepOutput:
+        """Append a step's tokens, cut at EOS or max_tokens; the output says if this finished the sequence."""
+        reason = common_pb2.FINISH_REASON_UNSPECIFIED
+        for i, token in enumerate(new_tokens):
+            if token in self.eos_token_ids:
+                new_tokens, reason = new_tokens[:i + 1], common_pb2.FINISH_REASON_STOP
+                break
+        if len(new_tokens) >= self.remaining and reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+            new_tokens, reason = new_tokens[:self.remaining], common_pb2.FINISH_REASON_LENGTH
+        accepted = min(accepted, len(new_tokens))
+        self.output.extend(new_tokens)
+        self.usage.completion_tokens = len(self.output)
+        self.usage.verification_steps += 1
+        self.usage.draft_tokens += num_drafts
+        self.usage.accepted_draft_tokens += accepted
+        finished = reason != common_pb2.FINISH_REASON_UNSPECIFIED
+        return StepOutput(new_tokens, accepted, reason, self.usage if finished else None)

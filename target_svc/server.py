@@ -1,0 +1,65 @@
+"""Builds and runs the target service."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from specd.model_store import DEFAULT_MODEL, resolve_model
+from specd.serving import Service, ServiceSpec, serve_until_signalled
+from specd.types import SpeculativeConfig
+from specd.v1 import target_pb2, target_pb2_grpc
+from target_svc.drafter_client import DrafterClient, Drafters
+from target_svc.metrics import TargetMetrics
+from target_svc.model_runner import ModelRunner
+from target_svc.scheduler import Scheduler
+from target_svc.servicer import TargetServicer
+
+
+@dataclass
+class TargetOptions:
+    model: str = DEFAULT_MODEL
+    address: str = "127.0.0.1:50052"
+    metrics_address: str | None = "127.0.0.1:9101"
+    drafters: dict[str, str] = field(default_factory=dict)  # method -> drafter service address
+    default_speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    drafter_timeout_s: float = 0.05
+    kv_cache_tokens: int = 32768
+    max_num_seqs: int = 64
+    default_max_tokens: int = 256
+    num_threads: int | None = None
+
+
+class TargetService(Service):
+    """The gRPC server plus the scheduler loop it feeds."""
+
+    def __init__(self, options: TargetOptions):
+        self.metrics = TargetMetrics()
+        model_dir = resolve_model(options.model)
+        self.runner = ModelRunner(model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads)
+        clients = [DrafterClient(method, address, options.drafter_timeout_s, self.metrics)
+                   for method, address in options.drafters.items()]
+        self.drafters = Drafters(clients, self.runner.vocab_size)
+        self.scheduler = Scheduler(self.runner, self.drafters, self.metrics, max_num_seqs=options.max_num_seqs)
+        info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
+                                    vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
+                                    methods=self.drafters.methods, default_max_tokens=options.default_max_tokens)
+        servicer = TargetServicer(self.scheduler, info, options.default_speculative, self.metrics)
+        spec = ServiceSpec(target_pb2_grpc.add_TargetServicer_to_server, servicer,
+                           target_pb2.DESCRIPTOR.services_by_name["Target"].full_name)
+        super().__init__("target", [spec], options.address, options.metrics_address, self.metrics.registry)
+        self._loop_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self.scheduler.run())
+        await super().start()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await super().stop(grace)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        await self.scheduler.close()
+        await self.drafters.close()
+
+
+async def serve(options: TargetOptions) -> None:
+    await serve_until_signalled(TargetService(options))
