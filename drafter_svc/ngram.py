@@ -19,37 +19,34 @@ class NgramMatch:
 
 
 class NgramIndex:
-    """For each n, every n-gram of a sequence mapped to where its latest occurrence ends.
+    """Every n-gram of a sequence mapped to where its latest occurrence ends.
 
-    Grows with the sequence (only new positions are indexed) and leaves out the
-    n-gram ending at the last token, so a lookup of the suffix finds an earlier
-    occurrence. The index for an n is built the first time someone asks for it.
+    Grows with the sequence (only new positions are indexed, a few per step) and
+    leaves out the n-gram ending at the last token, so looking up the suffix
+    finds an earlier occurrence. An n is indexed the first time it is asked for.
     """
 
     def __init__(self, epoch: int = 0):
         self.epoch = epoch  # of the SequenceState tokens it indexes
-        self._latest_end: dict[int, dict[tuple[int, ...], int]] = {}
-        self._indexed_until: dict[int, int] = {}  # n -> ends < this are indexed
+        # n-grams of every n share one dict: tuples of different lengths never compare equal
+        self._latest_end: dict[tuple[int, ...], int] = {}
+        self._indexed_until: dict[int, int] = {}  # n -> n-grams ending before this position are indexed
 
     def longest_match(self, tokens: list[int], min_n: int, max_n: int, limit: int) -> NgramMatch | None:
         """The longest suffix n-gram (max_n down to min_n) seen earlier, at its most recent
         earlier occurrence, with up to `limit` tokens of continuation."""
         for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-            end = self._ends_for(tokens, n).get(tuple(tokens[-n:]))
+            self._index(tokens, n)
+            end = self._latest_end.get(tuple(tokens[-n:]))
             if end is not None:
                 return NgramMatch(n, _continuation(tokens, end, limit))
         return None
 
-    def _ends_for(self, tokens: list[int], n: int) -> dict[tuple[int, ...], int]:
-        latest_end = self._latest_end.setdefault(n, {})
-        first, last = self._indexed_until.get(n, n), len(tokens)  # n-grams ending (exclusive) at first..last-1 are new
-        if first < last:
-            # columns i of the n-grams ending at first..last-1; zip builds them in C, and
-            # dict.update keeps the last (most recent) end of a repeated n-gram
-            columns = [tokens[first - n + i:last - n + i] for i in range(n)]
-            latest_end.update(zip(zip(*columns), range(first, last)))
-            self._indexed_until[n] = last
-        return latest_end
+    def _index(self, tokens: list[int], n: int) -> None:
+        # n-grams ending (exclusive) at n .. len - 1; a later end overwrites an earlier one
+        for end in range(self._indexed_until.get(n, n), len(tokens)):
+            self._latest_end[tuple(tokens[end - n:end])] = end
+        self._indexed_until[n] = len(tokens)
 
 
 def _continuation(tokens: list[int], start: int, limit: int) -> list[int]:

@@ -28,6 +28,7 @@ class GatewayService(Service):
         spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
                            generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)
         super().__init__("gateway", [spec], address, metrics_address, metrics.registry)
+        self.metrics = metrics
         self._target_channel = target_channel
 
     async def stop(self, grace: float = 5.0) -> None:

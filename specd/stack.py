@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specd.model_store import DEFAULT_MODEL
+from specd.model_store import DEFAULT_MODEL, resolve_model
 
 
 @dataclass
@@ -59,6 +59,7 @@ class Stack:
 
     def up(self, timeout_s: float = 300.0) -> None:
         """Start every service and wait until each reports SERVING."""
+        resolve_model(self.model)  # convert once here, not racing in two services
         for service in ("drafter", "target", "gateway"):
             self.start(service)
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,119 @@
+"""End to end: client → gateway → target → n-gram drafter, real model, real processes."""
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specd.client import SpecdClient, build_request
+from specd.model_store import resolve_model
+from specd.types import SamplingParams
+from specd.v1 import common_pb2
+
+pytestmark = pytest.mark.e2e
+
+# Prompts written for this test, not taken from any benchmark in the repo.
+CHAT_PROMPTS = [
+    "Copy this list exactly, then say which item is a fruit: hammer, banana, bicycle, teapot.",
+    "Write a Python function that returns the squares of the numbers 1 to 5.",
+]
+MAX_TOKENS = 40
+
+
+def _speculative(method):
+    return common_pb2.SpeculativeConfig(method=method)
+
+
+async def _chat(address, prompt, method, max_tokens=MAX_TOKENS, **sampling):
+    request = build_request(messages=[{"role": "user", "content": prompt}],
+                            sampling=SamplingParams(max_tokens=max_tokens, **sampling),
+                            speculative=_speculative(method))
+    async with SpecdClient(address) as client:
+        return await client.complete(request, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def transformers_greedy():
+    """What transformers' own generate gives for each chat prompt (greedy, same model)."""
+    model_dir = resolve_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    outputs = {}
+    for prompt in CHAT_PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        generated = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
+        outputs[prompt] = generated[0, ids.shape[1]:].tolist()
+    return outputs
+
+
+@pytest.mark.parametrize("prompt", CHAT_PROMPTS)
+async def test_greedy_ngram_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt):
+    address = stack.address("gateway")
+    _, plain_ids, plain_last = await _chat(address, prompt, "none")
+    text, ngram_ids, ngram_last = await _chat(address, prompt, "ngram")
+    assert ngram_ids == plain_ids == transformers_greedy[prompt]
+    assert text
+    assert plain_last.usage.draft_tokens == 0
+    assert ngram_last.usage.completion_tokens == len(ngram_ids)
+
+
+async def test_killing_the_drafter_mid_generation_does_not_fail_the_request(stack):
+    address = stack.address("gateway")
+    prompt = "Repeat after me three times: the quick brown fox jumps over the lazy dog."
+    _, expected, _ = await _chat(address, prompt, "none", max_tokens=60)
+    request = build_request(messages=[{"role": "user", "content": prompt}],
+                            sampling=SamplingParams(max_tokens=60), speculative=_speculative("ngram"))
+    tokens = []
+    async with SpecdClient(address) as client:
+        async for chunk in client.generate(request, timeout=300):
+            if not tokens:
+                stack.kill("drafter")
+            tokens.extend(chunk.token_ids)
+    assert tokens == expected
+    stack.start("drafter")  # later tests get their drafter back
+    stack.wait_healthy("drafter", deadline=time.monotonic() + 60)
+
+
+def _scrape(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def _value(metrics_text, name, **labels):
+    label_re = "".join(f'(?=[^}}]*{k}="{v}")' for k, v in labels.items())
+    pattern = rf"^{name}(?:{{{label_re}[^}}]*}})? ([0-9.e+-]+)$"
+    return sum(float(m) for m in re.findall(pattern, metrics_text, re.MULTILINE))
+
+
+async def test_metrics_of_every_service_move_with_requests(stack):
+    before = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter")}
+    await _chat(stack.address("gateway"), CHAT_PROMPTS[0], "ngram", max_tokens=16)
+    after = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter")}
+    moved = {
+        ("target", "specd_verification_steps_total"): dict(method="ngram"),
+        ("target", "specd_output_tokens_total"): dict(method="ngram"),
+        ("target", "specd_time_to_first_token_seconds_count"): dict(method="ngram"),
+        ("drafter", "specd_drafter_proposals_total"): dict(method="ngram"),
+        ("gateway", "specd_rpc_requests_total"): dict(rpc_method="Generate", code="OK"),
+        ("gateway", "specd_gateway_completion_tokens_total"): {},
+    }
+    for (service, name), labels in moved.items():
+        assert _value(after[service], name, **labels) > _value(before[service], name, **labels), (service, name)
+
+
+def test_cli_generate_json_streams_chunks_and_usage(stack):
+    result = subprocess.run(
+        [sys.executable, "-m", "specd.cli", "generate", "--chat", "Count from one to five in words.",
+         "--gateway", stack.address("gateway"), "--max-tokens", "12", "--method", "ngram", "--json"],
+        capture_output=True, text=True, timeout=300, check=True)
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    chunks, final = lines[:-1], lines[-1]
+    assert all({"text", "token_ids", "accepted_draft_tokens"} <= set(c) for c in chunks)
+    assert final["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in chunks)
+    assert final["finish_reason"] in ("stop", "length")

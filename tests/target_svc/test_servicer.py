@@ -1,0 +1,143 @@
+"""The target service through a real gRPC server on loopback, on a tiny random model."""
+import asyncio
+
+import grpc
+import pytest
+
+from drafter_svc.server import create_service as create_drafter
+from specd.types import SpeculativeConfig
+from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_svc.server import TargetOptions, TargetService
+
+REPETITIVE_PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+
+
+@pytest.fixture
+async def drafter():
+    service = create_drafter(address="127.0.0.1:0", metrics_address=None)
+    await service.start()
+    yield service
+    await service.stop(0)
+
+
+@pytest.fixture
+async def target(tiny_model_dir, drafter):
+    service = TargetService(TargetOptions(
+        model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None,
+        drafters={"ngram": drafter.grpc_address}, kv_cache_tokens=2048, default_max_tokens=32,
+        default_speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=8, prompt_lookup_min=1)))
+    await service.start()
+    yield service
+    await service.stop(0)
+
+
+@pytest.fixture
+async def stub(target):
+    async with grpc.aio.insecure_channel(target.grpc_address) as channel:
+        yield target_pb2_grpc.TargetStub(channel)
+
+
+def _request(prompt=REPETITIVE_PROMPT, method="ngram", max_tokens=24, **sampling):
+    return target_pb2.TargetGenerateRequest(
+        prompt_token_ids=prompt, sampling=common_pb2.SamplingParams(max_tokens=max_tokens, **sampling),
+        speculative=common_pb2.SpeculativeConfig(method=method))
+
+
+async def _generate(stub, request):
+    chunks = [c async for c in stub.Generate(request)]
+    return [t for c in chunks for t in c.token_ids], chunks
+
+
+async def test_greedy_output_with_ngram_drafts_equals_output_without(stub):
+    plain, _ = await _generate(stub, _request(method="none"))
+    speculative, chunks = await _generate(stub, _request(method="ngram"))
+    assert speculative == plain
+    assert chunks[-1].usage.draft_tokens > 0  # the drafter really proposed
+
+
+async def test_last_chunk_carries_finish_reason_and_usage(stub):
+    tokens, chunks = await _generate(stub, _request(max_tokens=5))
+    last = chunks[-1]
+    assert all(c.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for c in chunks[:-1])
+    assert last.finish_reason in (common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP)
+    assert last.usage.prompt_tokens == len(REPETITIVE_PROMPT)
+    assert last.usage.completion_tokens == len(tokens) <= 5
+    assert last.usage.verification_steps == len(chunks)
+    assert last.usage.accepted_draft_tokens == sum(c.accepted_draft_tokens for c in chunks)
+
+
+async def test_concurrent_requests_get_the_same_tokens_as_alone(stub):
+    prompts = [REPETITIVE_PROMPT, [1, 2, 3, 4], list(range(40, 90))]
+    alone = [(await _generate(stub, _request(p)))[0] for p in prompts]
+    together = await asyncio.gather(*(_generate(stub, _request(p)) for p in prompts))
+    assert [t for t, _ in together] == alone
+
+
+async def test_seeded_sampling_is_reproducible(stub):
+    request = _request(temperature=0.8, top_p=0.9, seed=1234)
+    first, _ = await _generate(stub, request)
+    second, _ = await _generate(stub, request)
+    assert first == second
+
+
+@pytest.mark.parametrize("request_fields, field", [
+    (dict(prompt=[]), "prompt_token_ids"),
+    (dict(prompt=[10 ** 7]), "prompt_token_ids"),
+    (dict(temperature=-1.0), "sampling.temperature"),
+    (dict(top_p=1.5), "sampling.top_p"),
+    (dict(method="medusa"), "speculative.method"),
+])
+async def test_bad_input_is_invalid_argument_naming_the_field(stub, request_fields, field):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _generate(stub, _request(**request_fields))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details()
+
+
+async def test_k_out_of_range_is_invalid_argument(stub):
+    request = _request()
+    request.speculative.num_speculative_tokens = 17
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _generate(stub, request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "speculative.num_speculative_tokens" in err.value.details()
+
+
+async def test_prompt_longer_than_the_context_is_invalid_argument(stub, target):
+    too_long = [1] * target.runner.max_context_length
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _generate(stub, _request(prompt=too_long))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_request_bigger_than_the_kv_cache_is_resource_exhausted(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _generate(stub, _request(prompt=list(range(1000)), max_tokens=1500))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_client_cancel_frees_the_sequences_kv_blocks(stub, target):
+    allocator = target.runner.allocator
+    call = stub.Generate(_request(max_tokens=200, method="none"))
+    await call.read()
+    assert allocator.num_free_blocks < allocator.num_blocks
+    call.cancel()
+    for _ in range(100):
+        if allocator.num_free_blocks == allocator.num_blocks:
+            break
+        await asyncio.sleep(0.05)
+    assert allocator.num_free_blocks == allocator.num_blocks
+
+
+async def test_a_dead_drafter_costs_speed_not_the_request(stub, drafter):
+    plain, _ = await _generate(stub, _request(method="none"))
+    await drafter.stop(0)
+    tokens, chunks = await _generate(stub, _request(method="ngram"))
+    assert tokens == plain
+    assert chunks[-1].usage.draft_tokens == 0
+
+
+async def test_model_info_lists_the_served_methods(stub, target):
+    info = await stub.GetModelInfo(target_pb2.ModelInfoRequest())
+    assert list(info.methods) == ["none", "ngram"]
+    assert info.max_context_length == target.runner.max_context_length
