@@ -11,6 +11,10 @@ from drafter_svc.sequences import SequenceState
 if TYPE_CHECKING:
     from drafter_svc.proposer import DraftParams
 
+# Longer matches add little evidence, and each n looked up costs an index entry per token,
+# so longer prompt_lookup_max values are served as this (rejecting them would fail the whole batch).
+LONGEST_NGRAM = 16
+
 
 @dataclass(frozen=True)
 class NgramMatch:
@@ -77,8 +81,8 @@ class NgramProposer:
         index = seq.proposer_state
         if index is None or index.epoch != seq.epoch:
             index = seq.proposer_state = NgramIndex(seq.epoch)
-        match = index.longest_match(seq.tokens, params.prompt_lookup_min, params.prompt_lookup_max,
-                                    params.num_speculative_tokens)
+        match = index.longest_match(seq.tokens, min(params.prompt_lookup_min, LONGEST_NGRAM),
+                                    min(params.prompt_lookup_max, LONGEST_NGRAM), params.num_speculative_tokens)
         if match is None or not match.continuation:
             return []
         seq.expect(match.continuation)

@@ -14,9 +14,6 @@ from drafter_svc.sequences import SequenceState
 from specd.types import MAX_SPECULATIVE_TOKENS, InvalidArgument
 from specd.v1 import drafter_pb2
 
-# Longer n-grams add little evidence, and every n kept costs an index per sequence.
-MAX_PROMPT_LOOKUP = 16
-
 
 @dataclass(frozen=True)
 class DraftParams:
@@ -30,10 +27,9 @@ class DraftParams:
                                   f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
         if self.prompt_lookup_min < 1:
             raise InvalidArgument(f"{field_prefix}.prompt_lookup_min", f"must be >= 1, got {self.prompt_lookup_min}")
-        if not self.prompt_lookup_min <= self.prompt_lookup_max <= MAX_PROMPT_LOOKUP:
-            raise InvalidArgument(f"{field_prefix}.prompt_lookup_max",
-                                  f"must be in prompt_lookup_min ({self.prompt_lookup_min})..{MAX_PROMPT_LOOKUP}, "
-                                  f"got {self.prompt_lookup_max}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise InvalidArgument(f"{field_prefix}.prompt_lookup_max", f"must be >= prompt_lookup_min "
+                                  f"({self.prompt_lookup_min}), got {self.prompt_lookup_max}")
 
     @classmethod
     def from_pb(cls, pb: drafter_pb2.DraftParams) -> DraftParams:

@@ -14,13 +14,15 @@ from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+    """Applies each entry's committed tokens, then asks the proposer for the whole batch at once."""
+
     def __init__(self, proposer: Proposer, sequences: SequenceRegistry, metrics: DrafterMetrics):
         self._proposer = proposer
         self._sequences = sequences
         self._metrics = metrics
         self.rpc_metrics = metrics.rpc  # what @rpc_handler counts calls in
-        # A step costs ~2 ms for 64 sequences, but indexing a batch of new 2000-token prompts takes
-        # hundreds: that runs off the event loop. One thread, so requests touch the state one at a time.
+        # A step of 64 sequences costs ~1.5 ms of CPU, but indexing 64 new 2000-token prompts ~170 ms,
+        # so that work runs off the event loop; one thread, so requests touch the state one at a time.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter")
 
     @rpc_handler

@@ -9,7 +9,7 @@ import uuid
 import grpc
 
 from gateway.detokenizer import IncrementalDetokenizer
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, RequestObserver
 from gateway.stop_strings import StopStringMatcher
 from gateway.tokenizer import Tokenizer
 from gateway.validation import GenerationOptions, check_prompt_fits, validate_request
@@ -38,18 +38,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         upstream = self._target.Generate(_target_request(request, prompt_token_ids, options))
         # However this RPC ends (client cancel included), the target must free the sequence.
         context.add_done_callback(lambda _: upstream.cancel())
-        responses = _ResponseStream(self._tokenizer, options.stop, len(prompt_token_ids))
         observer = self._metrics.observe_request(len(prompt_token_ids), started)
+        responses = _ResponseStream(self._tokenizer, options.stop, len(prompt_token_ids), observer)
         with self._metrics.requests_running.track_inprogress():
             try:
                 async for chunk in upstream:
-                    observer.on_chunk(len(chunk.token_ids))
                     response = responses.respond(chunk)
-                    if response.finish_reason:
-                        observer.on_finish(FINISH_REASON_NAMES[response.finish_reason])
                     yield response
                     if response.finish_reason:
-                        return
+                        break
             except grpc.aio.AioRpcError as error:
                 await _abort_like(context, error)
             finally:
@@ -87,21 +84,24 @@ async def _abort_like(context: grpc.aio.ServicerContext, error: grpc.aio.AioRpcE
 
 class _ResponseStream:
     """Target chunks in, client chunks out: text deltas cut at the first stop string, and the
-    finish reason and usage on the last one."""
+    finish reason and usage on the last one; observed in the gateway's metrics."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], prompt_tokens: int):
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], prompt_tokens: int, observer: RequestObserver):
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stop = StopStringMatcher(stop)
+        self._observer = observer
         # Counted here because the target reports usage only on its last chunk, which a stop string may precede.
         self._usage_so_far = Usage(prompt_tokens=prompt_tokens)
 
     def respond(self, chunk: target_pb2.TargetGenerateResponse) -> generation_pb2.GenerateResponse:
         self._count(chunk)
+        self._observer.on_chunk(len(chunk.token_ids))
         response = generation_pb2.GenerateResponse(text=self._text_of(chunk), token_ids=chunk.token_ids,
                                                    accepted_draft_tokens=chunk.accepted_draft_tokens)
         if self._stop.matched or chunk.finish_reason:
             response.finish_reason = common_pb2.FINISH_REASON_STOP_STRING if self._stop.matched else chunk.finish_reason
             response.usage.CopyFrom(chunk.usage if chunk.HasField("usage") else self._usage_so_far.to_pb())
+            self._observer.on_finish(FINISH_REASON_NAMES[response.finish_reason])
         return response
 
     def _text_of(self, chunk: target_pb2.TargetGenerateResponse) -> str:

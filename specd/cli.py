@@ -1,4 +1,4 @@
-"""The `specd` command line: start services, generate text, run benchmarks."""
+"""The `specd` command line: start the services, stream text from them."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,8 @@ import asyncio
 import json
 import logging
 import sys
+
+import grpc
 
 from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
@@ -151,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command == "generate":
-        return asyncio.run(_generate(args))
+        try:
+            return asyncio.run(_generate(args))
+        except grpc.aio.AioRpcError as err:
+            print(f"specd: {err.code().name}: {err.details()}", file=sys.stderr)
+            return 1
     if args.command == "serve":
         return _serve(args)
     from specd.stack import run_stack

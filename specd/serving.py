@@ -150,13 +150,13 @@ class Service:
 async def serve_until_signalled(service: Service, on_stop: Callable[[], Any] | None = None,
                                 grace: float = 5.0) -> None:
     """Start `service`, print where it listens, and stop gracefully on SIGTERM or SIGINT."""
-    await service.start()
-    print(f"{service.name} listening on {service.grpc_address} metrics http://127.0.0.1:{service.metrics_port}/metrics",
-          flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    metrics = f"http://127.0.0.1:{service.metrics_port}/metrics" if service.metrics_port else "off"
+    print(f"{service.name} listening on {service.grpc_address}, metrics {metrics}", flush=True)
     await stop.wait()
     log.info("%s: shutting down", service.name)
     await service.stop(grace)

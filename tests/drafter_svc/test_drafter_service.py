@@ -1,6 +1,9 @@
 """The drafter as a real gRPC service on 127.0.0.1, driven through the generated stub."""
 import asyncio
+import signal
+import sys
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,13 +14,19 @@ from drafter_svc.server import create_service
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4  # the lookup always finds a match in it
-PARAMS = drafter_pb2.DraftParams(num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+async def started(metrics_address=None):
+    service = create_service(address="127.0.0.1:0", metrics_address=metrics_address)
+    await service.start()
+    return service
 
 
 @pytest.fixture
 async def drafter():
-    service = create_service(address="127.0.0.1:0", metrics_address="127.0.0.1:0")
-    await service.start()
+    # no /metrics endpoint here: stopping its HTTP server takes half a second
+    service = await started()
     yield service
     await service.stop(grace=0)
 
@@ -33,9 +42,13 @@ def stub(channel):
     return drafter_pb2_grpc.DrafterStub(channel)
 
 
-def update(sequence_id, start, tokens, params=PARAMS):
+def params(k=4, min_n=2, max_n=4):
+    return drafter_pb2.DraftParams(num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=max_n)
+
+
+def update(sequence_id, start, tokens, draft_params=None):
     return drafter_pb2.SequenceUpdate(sequence_id=sequence_id, start_position=start, appended_token_ids=tokens,
-                                      params=params)
+                                      params=draft_params or params())
 
 
 async def propose(stub, *updates):
@@ -60,8 +73,7 @@ async def test_keeps_drafting_from_incremental_updates(stub):
 
 async def test_a_restarted_drafter_asks_for_the_whole_sequence_again(stub):
     await propose(stub, update("loop", 0, LOOPING_PROMPT))
-    restarted = create_service(address="127.0.0.1:0", metrics_address=None)
-    await restarted.start()
+    restarted = await started()
     try:
         async with grpc.aio.insecure_channel(restarted.grpc_address) as channel:
             restarted_stub = drafter_pb2_grpc.DrafterStub(channel)
@@ -81,17 +93,14 @@ async def test_release_forgets_sequences(stub):
 
 
 @pytest.mark.parametrize("bad_entry, field", [
-    (update("x", 0, [1], drafter_pb2.DraftParams(num_speculative_tokens=17, prompt_lookup_min=1, prompt_lookup_max=2)),
-     "sequences[1].params.num_speculative_tokens"),
-    (update("x", 0, [1], drafter_pb2.DraftParams(num_speculative_tokens=-1, prompt_lookup_min=1, prompt_lookup_max=2)),
-     "sequences[1].params.num_speculative_tokens"),
-    (update("x", 0, [1], drafter_pb2.DraftParams(num_speculative_tokens=4, prompt_lookup_min=0, prompt_lookup_max=2)),
-     "sequences[1].params.prompt_lookup_min"),
-    (update("x", 0, [1], drafter_pb2.DraftParams(num_speculative_tokens=4, prompt_lookup_min=3, prompt_lookup_max=2)),
-     "sequences[1].params.prompt_lookup_max"),
-    (update("x", -1, [1]), "sequences[1].start_position"),
-    (update("", 0, [1]), "sequences[1].sequence_id"),
-    (update("ok", 0, [1]), "sequences[1].sequence_id"),  # the same id twice
+    pytest.param(update("x", 0, [1], params(k=17)), "sequences[1].params.num_speculative_tokens", id="k>16"),
+    pytest.param(update("x", 0, [1], params(k=-1)), "sequences[1].params.num_speculative_tokens", id="k<0"),
+    pytest.param(update("x", 0, [1], params(min_n=0)), "sequences[1].params.prompt_lookup_min", id="min<1"),
+    pytest.param(update("x", 0, [1], params(min_n=3, max_n=2)), "sequences[1].params.prompt_lookup_max",
+                 id="max<min"),
+    pytest.param(update("x", -1, [1]), "sequences[1].start_position", id="negative-start"),
+    pytest.param(update("", 0, [1]), "sequences[1].sequence_id", id="empty-id"),
+    pytest.param(update("ok", 0, [1]), "sequences[1].sequence_id", id="same-id-twice"),
 ])
 async def test_invalid_entries_are_rejected_naming_the_field(stub, bad_entry, field):
     with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -117,11 +126,17 @@ def scrape(port):
             for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
-async def test_metrics_endpoint_counts_what_the_drafter_did(drafter, stub):
-    await propose(stub, update("loop", 0, LOOPING_PROMPT), update("fresh", 0, [1, 2, 3]))
-    await propose(stub, update("loop", len(LOOPING_PROMPT), [11]), update("lost", 9, [1]))
-    await stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=["fresh"]))
-    metrics = await asyncio.to_thread(scrape, drafter.metrics_port)
+async def test_metrics_endpoint_counts_what_the_drafter_did():
+    drafter = await started(metrics_address="127.0.0.1:0")
+    try:
+        async with grpc.aio.insecure_channel(drafter.grpc_address) as channel:
+            stub = drafter_pb2_grpc.DrafterStub(channel)
+            await propose(stub, update("loop", 0, LOOPING_PROMPT), update("fresh", 0, [1, 2, 3]))
+            await propose(stub, update("loop", len(LOOPING_PROMPT), [11]), update("lost", 9, [1]))
+            await stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=["fresh"]))
+        metrics = await asyncio.to_thread(scrape, drafter.metrics_port)
+    finally:
+        await drafter.stop(grace=0)
     ngram = (("method", "ngram"),)
     assert metrics[("specd_drafter_proposals_total", ngram)] == 3
     assert metrics[("specd_drafter_empty_drafts_total", ngram)] == 1
@@ -136,3 +151,23 @@ async def test_metrics_endpoint_counts_what_the_drafter_did(drafter, stub):
 def test_an_unknown_method_is_refused():
     with pytest.raises(ValueError, match="ngram"):
         create_service(method="telepathy")
+
+
+async def test_serve_runs_until_sigterm_then_exits_cleanly():
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import asyncio; from drafter_svc.server import serve; "
+                              "asyncio.run(serve(address='127.0.0.1:0', metrics_address=None))",
+        cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE)
+    try:
+        banner = (await asyncio.wait_for(process.stdout.readline(), timeout=10)).decode()
+        address = banner.split(" listening on ")[1].split()[0]
+        async with grpc.aio.insecure_channel(address) as channel:
+            # an answer also means serve() got past installing its signal handlers
+            response = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

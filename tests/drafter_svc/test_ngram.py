@@ -97,6 +97,13 @@ def test_proposer_never_drafts_more_than_k():
     assert propose(proposer, seq, k=0) == []
 
 
+def test_a_huge_prompt_lookup_max_is_served_not_refused():
+    proposer = NgramProposer(DraftLengthPolicy())
+    seq = sequence(list(range(40)) * 3)
+    assert propose(proposer, seq, k=2, min_n=2, max_n=100_000) == [0, 1]
+    assert propose(proposer, seq, k=2, min_n=100_000, max_n=100_000) == [0, 1]  # as LONGEST_NGRAM-grams
+
+
 def test_proposer_answers_each_sequence_of_the_batch_in_order():
     proposer = NgramProposer(DraftLengthPolicy())
     batch = [sequence([1, 2, 3, 4, 5, 1, 2, 3]), sequence([9, 8, 7]), sequence([5, 6, 7, 5, 6])]

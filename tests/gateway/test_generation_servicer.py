@@ -55,10 +55,14 @@ async def eventually(condition, timeout_s: float = 10.0) -> bool:
     return True
 
 
-def target_has_freed_everything(target) -> bool:
-    registry = target.metrics.registry
-    return (registry.get_sample_value("specd_requests_running") == 0
-            and registry.get_sample_value("specd_kv_cache_blocks_used") == 0)
+def aborted_on_target(target) -> float:
+    return target.metrics.registry.get_sample_value("specd_requests_finished_total", {"reason": "aborted"}) or 0
+
+
+def target_dropped_one_more(target, aborted_before: float):
+    """Whether the target has aborted another sequence (freeing its KV blocks) and runs none."""
+    return lambda: (aborted_on_target(target) == aborted_before + 1
+                    and target.metrics.registry.get_sample_value("specd_requests_running") == 0)
 
 
 async def test_a_prompt_streams_text_deltas_that_join_to_the_decoded_tokens(gateway, tokenizer):
@@ -85,22 +89,24 @@ async def test_a_chat_is_answered_in_the_assistant_turn(gateway):
 async def test_a_stop_string_ends_the_stream_before_it_and_frees_the_target_sequence(gateway, target):
     full_text = text_of(await generate(gateway, prompt=PROMPT, sampling=GREEDY))
     stop = full_text[len(full_text) // 2:][:4]
+    aborted_before = aborted_on_target(target)
     responses = await generate(gateway, prompt=PROMPT, sampling=GREEDY, stop=[stop])
     assert text_of(responses) == full_text[:full_text.index(stop)]
     last = responses[-1]
     assert last.finish_reason == common_pb2.FINISH_REASON_STOP_STRING
     assert last.usage.completion_tokens == len(token_ids_of(responses)) < 24
-    assert await eventually(lambda: target_has_freed_everything(target))
+    assert await eventually(target_dropped_one_more(target, aborted_before))
 
 
 async def test_a_client_cancel_cancels_the_target_call(gateway, target):
+    aborted_before = aborted_on_target(target)
     async with grpc.aio.insecure_channel(gateway.grpc_address) as channel:
         call = generation_pb2_grpc.GenerationStub(channel).Generate(
             generation_pb2.GenerateRequest(prompt=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=1000)))
         await call.read()
         await call.read()
         call.cancel()
-    assert await eventually(lambda: target_has_freed_everything(target))
+    assert await eventually(target_dropped_one_more(target, aborted_before))
     assert await eventually(lambda: gateway.metrics.registry.get_sample_value("specd_gateway_requests_running") == 0)
 
 
@@ -122,6 +128,9 @@ async def test_the_target_status_is_passed_through(gateway):
     error = await generate_error(gateway, prompt=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=8000))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "KV cache" in error.details()
+    handled = gateway.metrics.registry.get_sample_value(
+        "specd_rpc_requests_total", {"rpc_method": "Generate", "code": "RESOURCE_EXHAUSTED"})
+    assert handled == 1
 
 
 async def test_a_target_gone_away_is_unavailable(make_target, no_speculation):
