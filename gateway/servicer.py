@@ -14,7 +14,7 @@ from gateway.stop_strings import StopStringMatcher
 from gateway.tokenizer import Tokenizer
 from gateway.validation import GenerationOptions, check_prompt_fits, validate_request
 from specd.serving import rpc_handler
-from specd.types import FINISH_REASON_NAMES, SpeculativeConfig, Usage
+from specd.types import FINISH_REASON_NAMES, SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2, target_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         # However this RPC ends (client cancel included), the target must free the sequence.
         context.add_done_callback(lambda _: upstream.cancel())
         observer = self._metrics.observe_request(len(prompt_token_ids), started)
-        responses = _ResponseStream(self._tokenizer, options.stop, len(prompt_token_ids), observer)
+        responses = _ResponseStream(self._tokenizer, options.stop, observer)
         with self._metrics.requests_running.track_inprogress():
             try:
                 async for chunk in upstream:
@@ -86,21 +86,18 @@ class _ResponseStream:
     """Target chunks in, client chunks out: text deltas cut at the first stop string, and the
     finish reason and usage on the last one; observed in the gateway's metrics."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], prompt_tokens: int, observer: RequestObserver):
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...], observer: RequestObserver):
         self._detokenizer = IncrementalDetokenizer(tokenizer)
         self._stop = StopStringMatcher(stop)
         self._observer = observer
-        # Counted here because the target reports usage only on its last chunk, which a stop string may precede.
-        self._usage_so_far = Usage(prompt_tokens=prompt_tokens)
 
     def respond(self, chunk: target_pb2.TargetGenerateResponse) -> generation_pb2.GenerateResponse:
-        self._count(chunk)
         self._observer.on_chunk(len(chunk.token_ids))
         response = generation_pb2.GenerateResponse(text=self._text_of(chunk), token_ids=chunk.token_ids,
                                                    accepted_draft_tokens=chunk.accepted_draft_tokens)
         if self._stop.matched or chunk.finish_reason:
             response.finish_reason = common_pb2.FINISH_REASON_STOP_STRING if self._stop.matched else chunk.finish_reason
-            response.usage.CopyFrom(chunk.usage if chunk.HasField("usage") else self._usage_so_far.to_pb())
+            response.usage.CopyFrom(chunk.usage)  # the target's running totals, up to this chunk
             self._observer.on_finish(FINISH_REASON_NAMES[response.finish_reason])
         return response
 
@@ -112,8 +109,3 @@ class _ResponseStream:
         if chunk.finish_reason and not self._stop.matched:
             visible += self._stop.finish()
         return visible
-
-    def _count(self, chunk: target_pb2.TargetGenerateResponse) -> None:
-        self._usage_so_far.completion_tokens += len(chunk.token_ids)
-        self._usage_so_far.verification_steps += 1
-        self._usage_so_far.accepted_draft_tokens += chunk.accepted_draft_tokens

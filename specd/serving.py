@@ -156,7 +156,7 @@ async def serve_until_signalled(service: Service, on_stop: Callable[[], Any] | N
         loop.add_signal_handler(sig, stop.set)
     await service.start()
     metrics = f"http://127.0.0.1:{service.metrics_port}/metrics" if service.metrics_port else "off"
-    print(f"{service.name} listening on {service.grpc_address}, metrics {metrics}", flush=True)
+    print(f"{service.name} listening on {service.grpc_address} metrics {metrics}", flush=True)
     await stop.wait()
     log.info("%s: shutting down", service.name)
     await service.stop(grace)

@@ -87,7 +87,7 @@ class Scheduler:
             self._executor, self._forward_and_verify, batch, seq_drafts)
         for seq, draft, result in zip(batch, seq_drafts, results):
             self._commit(seq, draft, result)
-        self._metrics.kv_blocks_used.set(self._runner.allocator.num_blocks - self._runner.allocator.num_free_blocks)
+        self._update_gauges()
 
     def _forward_and_verify(self, batch: list[Sequence], seq_drafts: list[list[int]]) -> list[VerifyResult]:
         """Worker thread: one forward pass over the whole batch, then verification."""
@@ -148,8 +148,10 @@ class Scheduler:
         self._update_gauges()
 
     def _update_gauges(self) -> None:
+        allocator = self._runner.allocator
         self._metrics.requests_running.set(len(self._running))
         self._metrics.requests_waiting.set(len(self._waiting))
+        self._metrics.kv_blocks_used.set(allocator.num_blocks - allocator.num_free_blocks)
 
     # -- committing a step's result -------------------------------------------
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -17,7 +17,7 @@ class StepOutput:
     token_ids: list[int]
     accepted_draft_tokens: int
     finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
-    usage: Usage | None = None  # set on the last output
+    usage: Usage = field(default_factory=Usage)  # running totals of the request so far
 
 
 @dataclass
@@ -79,5 +79,4 @@ class Sequence:
         self.usage.verification_steps += 1
         self.usage.draft_tokens += num_drafts
         self.usage.accepted_draft_tokens += accepted
-        finished = reason != common_pb2.FINISH_REASON_UNSPECIFIED
-        return StepOutput(new_tokens, accepted, reason, self.usage if finished else None)
+        return StepOutput(new_tokens, accepted, reason, replace(self.usage))

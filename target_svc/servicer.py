@@ -60,8 +60,5 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
 
 
 def _to_pb(out: StepOutput) -> target_pb2.TargetGenerateResponse:
-    pb = target_pb2.TargetGenerateResponse(token_ids=out.token_ids, accepted_draft_tokens=out.accepted_draft_tokens,
-                                           finish_reason=out.finish_reason)
-    if out.usage is not None:
-        pb.usage.CopyFrom(out.usage.to_pb())
-    return pb
+    return target_pb2.TargetGenerateResponse(token_ids=out.token_ids, accepted_draft_tokens=out.accepted_draft_tokens,
+                                             finish_reason=out.finish_reason, usage=out.usage.to_pb())
