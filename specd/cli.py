@@ -56,8 +56,10 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     up.add_argument("--threads", type=int, default=None, help="torch threads of the target (default: torch's)")
+    up.set_defaults(run=_up)
 
     serve = commands.add_parser("serve", help="start one service")
+    serve.set_defaults(run=_serve)
     services = serve.add_subparsers(dest="service", required=True)
     for name, (address, metrics) in DEFAULT_ADDRESSES.items():
         sub = services.add_parser(name, help=f"the {name} service")
@@ -79,6 +81,8 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     gateway.add_argument("--target", default=DEFAULT_ADDRESSES["target"][0], help="target service address")
     drafter.add_argument("--method", default="ngram", help="proposer to serve (default ngram)")
+    drafter.add_argument("--draft-token-cost", type=float, default=0.04,
+                         help="cost of verifying one more draft token, as a fraction of a one-token step (default 0.04)")
 
     gen = commands.add_parser("generate", help="stream text from a running gateway")
     gen.add_argument("prompt", help="prompt text (a user message with --chat)")
@@ -94,10 +98,19 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
     _add_speculative_flags(gen, defaults=False)
+    gen.set_defaults(run=_generate)
     return parser
 
 
-async def _generate(args: argparse.Namespace) -> int:
+def _generate(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_stream_generation(args))
+    except grpc.aio.AioRpcError as err:
+        print(f"specd: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+
+
+async def _stream_generation(args: argparse.Namespace) -> int:
     messages = None
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -145,23 +158,20 @@ def _serve(args: argparse.Namespace) -> int:
                           metrics_address=args.metrics_listen, default_speculative=_speculative_of(args)))
     else:
         from drafter_svc.server import serve
-        asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen))
+        asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
+                          draft_token_cost=args.draft_token_cost))
     return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from specd.stack import run_stack
+    return run_stack(args.model, args.threads)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.command == "generate":
-        try:
-            return asyncio.run(_generate(args))
-        except grpc.aio.AioRpcError as err:
-            print(f"specd: {err.code().name}: {err.details()}", file=sys.stderr)
-            return 1
-    if args.command == "serve":
-        return _serve(args)
-    from specd.stack import run_stack
-    return run_stack(args.model, args.threads)
+    return args.run(args)
 
 
 if __name__ == "__main__":
