@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install protos up test test-fast bench-step clean
+.PHONY: install protos up test test-fast bench-step bench-kernels clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ test-fast: install
 
 bench-step: install
 	$(BIN)/python benchmarks/step_cost.py
+
+bench-kernels: install
+	$(BIN)/python benchmarks/kernels.py
 
 clean:
 	rm -rf $(VENV) specd/v1

@@ -35,17 +35,19 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def median_ms(call, after, repeats: int) -> float:
-    """Median wall time of `call` in ms; `after` (untimed) restores the state after each call."""
-    times = []
+def median_ms_each(sides: list, new_tokens: torch.Tensor, repeats: int) -> list[float]:
+    """Median wall time in ms of each side's step; calls alternate between the sides so that
+    drift in the machine's speed hits them alike. The rollback after each call is untimed."""
+    times = [[] for _ in sides]
     for i in range(WARMUP + repeats):
-        start = time.perf_counter()
-        call()
-        elapsed = time.perf_counter() - start
-        after()
-        if i >= WARMUP:
-            times.append(elapsed * 1000)
-    return statistics.median(times)
+        for side, side_times in zip(sides, times):
+            start = time.perf_counter()
+            side.step(new_tokens)
+            elapsed = time.perf_counter() - start
+            side.rollback()
+            if i >= WARMUP:
+                side_times.append(elapsed * 1000)
+    return [statistics.median(t) for t in times]
 
 
 class SpecdSide:
@@ -58,12 +60,12 @@ class SpecdSide:
         self.seq_ids = [f"seq{i}" for i in range(batch)]
         self.runner.forward([SequenceInput(s, p.tolist(), 0, 1) for s, p in zip(self.seq_ids, prompts)])
 
-    def step_ms(self, new_tokens: torch.Tensor, repeats: int) -> float:
+    def step(self, new_tokens: torch.Tensor) -> None:
         """new_tokens [B, n]: logits for all n of each of the first B sequences."""
-        batch = [SequenceInput(s, t.tolist(), self.context, len(t)) for s, t in zip(self.seq_ids, new_tokens)]
-        return median_ms(lambda: self.runner.forward(batch), self._rollback, repeats)
+        self.runner.forward([SequenceInput(s, t.tolist(), self.context, len(t))
+                             for s, t in zip(self.seq_ids, new_tokens)])
 
-    def _rollback(self) -> None:
+    def rollback(self) -> None:
         for s in self.seq_ids:
             self.runner.allocator.truncate(s, self.context)
 
@@ -74,6 +76,7 @@ class HFSide:
         self.context = prompts.shape[1]
         # One cache for a single sequence and one batched cache for all of them.
         self.caches = {size: self._prefill(prompts[:size]) for size in BATCH_SIZES}
+        self.active = self.caches[1]
 
     def _prefill(self, prompts: torch.Tensor) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -81,15 +84,14 @@ class HFSide:
             self.model(input_ids=prompts, past_key_values=cache, use_cache=True)
         return cache
 
-    def step_ms(self, new_tokens: torch.Tensor, repeats: int) -> float:
-        cache = self.caches[new_tokens.shape[0]]
+    def step(self, new_tokens: torch.Tensor) -> None:
+        self.active = self.caches[new_tokens.shape[0]]
+        with torch.inference_mode():
+            self.model(input_ids=new_tokens, past_key_values=self.active, use_cache=True)
 
-        def call():
-            with torch.inference_mode():
-                self.model(input_ids=new_tokens, past_key_values=cache, use_cache=True)
-
+    def rollback(self) -> None:
         # A negative crop removes that many tokens (the form every transformers version accepts).
-        return median_ms(call, lambda: cache.crop(self.context - cache.get_seq_length()), repeats)
+        self.active.crop(self.context - self.active.get_seq_length())
 
 
 def cpu_model() -> str:
@@ -118,7 +120,7 @@ def main() -> None:
         cells = [str(n)]
         for size in BATCH_SIZES:
             new_tokens = torch.randint(0, 1000, (size, n), generator=gen)  # [B, n]
-            ours, theirs = specd.step_ms(new_tokens, args.repeats), hf.step_ms(new_tokens, args.repeats)
+            ours, theirs = median_ms_each([specd, hf], new_tokens, args.repeats)
             cells += [f"{ours:.1f}", f"{theirs:.1f}", f"{ours / theirs:.2f}"]
         print("| " + " | ".join(cells) + " |", flush=True)
 

@@ -26,7 +26,7 @@ class DrafterMetrics:
                                "assumed (e.g. it restarted), so the target must resend them from position 0",
                                ["method"], registry=self.registry).labels(method)
         self.propose_seconds = Histogram("specd_drafter_propose_seconds",
-                                         "Time the proposer took for one batched Propose, state updates excluded",
+                                         "Seconds the proposer took for one batched Propose, state updates excluded",
                                          ["method"], registry=self.registry,
                                          buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, .01, .025, .05, .1, .5),
                                          ).labels(method)

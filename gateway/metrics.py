@@ -15,21 +15,24 @@ class GatewayMetrics:
         self.registry = r = CollectorRegistry()
         self.rpc_metrics = RpcMetrics(r)
         self.time_to_first_token = Histogram(
-            "specd_gateway_time_to_first_token_seconds", "Request arrival to the first token from the target",
-            registry=r, buckets=_LATENCY_BUCKETS)
+            "specd_gateway_time_to_first_token_seconds",
+            "Seconds from request arrival to the first token from the target", registry=r, buckets=_LATENCY_BUCKETS)
         self.inter_token_latency = Histogram(
             "specd_gateway_inter_token_latency_seconds",
-            "Gap between consecutive chunks of a stream divided by the tokens in the later chunk "
+            "Seconds between consecutive chunks of a stream divided by the tokens in the later chunk "
             "(one observation per chunk)", registry=r, buckets=_LATENCY_BUCKETS)
         self.e2e_request_latency = Histogram(
-            "specd_gateway_e2e_request_latency_seconds", "Request arrival to its last chunk, for finished requests",
-            registry=r, buckets=_LATENCY_BUCKETS)
+            "specd_gateway_e2e_request_latency_seconds",
+            "Seconds from request arrival to its last chunk, for finished requests", registry=r,
+            buckets=_LATENCY_BUCKETS)
         self.prompt_tokens = Counter("specd_gateway_prompt_tokens", "Prompt tokens sent to the target", registry=r)
-        self.completion_tokens = Counter("specd_gateway_completion_tokens", "Tokens received from the target",
+        self.completion_tokens = Counter("specd_gateway_completion_tokens",
+                                         "Completion tokens received from the target and streamed to clients",
                                          registry=r)
         self.requests_finished = Counter(
             "specd_gateway_requests_finished",
-            "Requests that ran to the end, by finish reason (errors and cancellations: see specd_rpc_requests)",
+            "Requests that ran to the end, by finish reason "
+            "(errors and cancellations: specd_rpc_requests_total by code)",
             ["reason"], registry=r)
         self.requests_running = Gauge("specd_gateway_requests_running", "Generate streams in progress", registry=r)
 

@@ -2,10 +2,15 @@
 
 A verification batch is flattened, never padded: sequence b owns draft tokens
 `draft_token_ids[cu_draft_lens[b]:cu_draft_lens[b+1]]` and target rows
-`cu_draft_lens[b] + b .. cu_draft_lens[b+1] + b` (one row per draft position plus
-the bonus row). `target_svc` calls these functions only through this module,
-which picks the implementation by device.
+`cu_draft_lens[b] + b .. cu_draft_lens[b+1] + b` (its last committed token, then
+one row per draft; see `kernels.layout`). Tree drafts add `parent_ids`, laid out
+like the drafts. `target_svc` calls these functions only through this module,
+which picks the implementation per call (`kernels.dispatch`): Triton on CUDA,
+the PyTorch references (`kernels.reference`) elsewhere.
 """
-from kernels.dispatch import greedy_accept, rejection_sample, target_row_offsets
+from kernels.dispatch import (build_tree_attention, compact_kv, greedy_accept, rejection_sample, sample_recovered,
+                              tree_greedy_accept)
+from kernels.layout import target_row_offsets, tree_mask_offsets
 
-__all__ = ["greedy_accept", "rejection_sample", "target_row_offsets"]
+__all__ = ["build_tree_attention", "compact_kv", "greedy_accept", "rejection_sample", "sample_recovered",
+           "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets"]

@@ -1,7 +1,86 @@
-"""The one place that chooses a kernel implementation.
+"""The one place that chooses a kernel implementation, per call.
 
-Only the PyTorch references exist so far; they run on any device.
+Triton kernels for CUDA tensors, the PyTorch references for everything else.
+`SPECD_KERNELS=triton|torch` overrides the choice; it is read at every call.
+`triton` is optional: without it everything runs on the references. With
+`SPECD_KERNELS=triton` and `TRITON_INTERPRET=1`, the Triton kernels run on CPU
+tensors through Triton's interpreter.
 """
-from kernels.reference import greedy_accept, rejection_sample, target_row_offsets
+from __future__ import annotations
 
-__all__ = ["greedy_accept", "rejection_sample", "target_row_offsets"]
+import importlib
+import os
+from collections.abc import Sequence
+from types import ModuleType
+
+import torch
+
+from kernels import reference
+
+_CHOICES = ("triton", "torch")
+
+
+def implementation(device: torch.device) -> ModuleType:
+    """The module whose kernels run on tensors of `device`: kernels.triton_impl or kernels.reference."""
+    choice = os.environ.get("SPECD_KERNELS", "")
+    if choice and choice not in _CHOICES:
+        raise ValueError(f"SPECD_KERNELS={choice!r}: expected one of {', '.join(_CHOICES)} (or unset)")
+    if choice == "torch":
+        return reference
+    triton_impl = triton_implementation()
+    if choice == "triton" and triton_impl is None:
+        raise RuntimeError("SPECD_KERNELS=triton, but the `triton` package is not installed "
+                           "(pip install 'specd[triton]')")
+    if triton_impl is not None and (choice == "triton" or device.type == "cuda"):
+        return triton_impl
+    return reference
+
+
+def triton_implementation() -> ModuleType | None:
+    """kernels.triton_impl, or None when triton is not installed (imported on first use, not before)."""
+    try:
+        return importlib.import_module("kernels.triton_impl")
+    except ModuleNotFoundError as error:
+        if error.name != "triton" and not (error.name or "").startswith("triton."):
+            raise
+        return None
+
+
+def greedy_accept(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
+                  target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `kernels.reference.chain.greedy_accept`."""
+    return implementation(target_argmax.device).greedy_accept(draft_token_ids, cu_draft_lens, target_argmax)
+
+
+def rejection_sample(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor, target_probs: torch.Tensor,
+                     draft_probs: torch.Tensor | None, uniform_accept: torch.Tensor,
+                     uniform_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `kernels.reference.chain.rejection_sample`."""
+    return implementation(target_probs.device).rejection_sample(
+        draft_token_ids, cu_draft_lens, target_probs, draft_probs, uniform_accept, uniform_final)
+
+
+def sample_recovered(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor, target_probs: torch.Tensor,
+                     draft_probs: torch.Tensor | None, num_accepted: torch.Tensor,
+                     uniform_final: torch.Tensor) -> torch.Tensor:
+    """See `kernels.reference.chain.sample_recovered`."""
+    return implementation(target_probs.device).sample_recovered(
+        draft_token_ids, cu_draft_lens, target_probs, draft_probs, num_accepted, uniform_final)
+
+
+def tree_greedy_accept(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
+                       target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See `kernels.reference.tree.tree_greedy_accept`."""
+    return implementation(target_argmax.device).tree_greedy_accept(
+        draft_token_ids, parent_ids, cu_draft_lens, target_argmax)
+
+
+def build_tree_attention(parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
+                         start_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """See `kernels.reference.tree.build_tree_attention`."""
+    return implementation(parent_ids.device).build_tree_attention(parent_ids, cu_draft_lens, start_positions)
+
+
+def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """See `kernels.reference.kv.compact_kv`."""
+    implementation(src_slots.device).compact_kv(pools, src_slots, dst_slots)

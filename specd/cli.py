@@ -9,6 +9,8 @@ import sys
 
 import grpc
 
+from specd import top
+from specd.bench import cli as bench_cli
 from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
@@ -99,6 +101,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
     _add_speculative_flags(gen, defaults=False)
     gen.set_defaults(run=_generate)
+    top.register(commands)
+    bench_cli.register(commands)
     return parser
 
 

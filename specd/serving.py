@@ -35,7 +35,8 @@ class RpcMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.requests = Counter("specd_rpc_requests", "RPCs handled by this service, by method and gRPC status code",
                                 ["rpc_method", "code"], registry=registry)
-        self.duration = Histogram("specd_rpc_duration_seconds", "Wall time of one RPC, stream included",
+        self.duration = Histogram("specd_rpc_duration_seconds",
+                                  "Seconds this service spent on one RPC, a whole stream included",
                                   ["rpc_method"], registry=registry,
                                   buckets=(.001, .005, .01, .05, .1, .5, 1, 2.5, 5, 10, 30, 60, 120))
 

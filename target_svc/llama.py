@@ -40,94 +40,82 @@ class SeqSpan:
 class PagedAttention:
     """Per-forward plan: where new K/V are written and which cached keys each query reads.
 
-    K/V are gathered a whole block at a time (one index per block, not per
-    token). When every sequence has the same number of new tokens, all of them
-    run as one padded SDPA call; otherwise each sequence runs on its own.
+    Each sequence attends on its own (no padding). A sequence whose blocks are
+    one contiguous run reads its keys straight from the pool; otherwise its
+    blocks are gathered, a whole block per index, into scratch buffers.
     """
 
-    def __init__(self, spans: list[SeqSpan], block_size: int, device="cpu"):
-        self.block_size = block_size
-        self.write_slots = _slots(spans, block_size).to(device)  # [T]
-        self.batched = len({s.num_new for s in spans}) == 1
-        self.num_new = [s.num_new for s in spans]
-        self.context = max(s.start + s.num_new for s in spans)
-        if self.batched:
-            self._plan_batched(spans, device)
-        else:
-            self._plan_per_sequence(spans, device)
+    def __init__(self, spans: list[SeqSpan], write_slots: torch.Tensor, cache: KVCache, device="cpu"):
+        self.cache = cache
+        self.block_size = cache.block_size
+        self.write_slots = write_slots.to(device)  # [T] cache slot of every new token, in batch order
+        self.seqs = [_SeqPlan.build(span, self.block_size, device) for span in spans]
 
-    def _plan_batched(self, spans: list[SeqSpan], device) -> None:
-        width = max(len(s.blocks) for s in spans)
-        # Pad block tables with block 0: those keys lie past every query's position, so are masked.
-        table = [s.blocks + [0] * (width - len(s.blocks)) for s in spans]
-        self.blocks = torch.tensor(table, dtype=torch.int64, device=device).flatten()  # [B * width]
-        self.width = width
-        starts = torch.tensor([s.start for s in spans], device=device)
-        self.mask = _visible(starts, spans[0].num_new, self.context, device)  # [B, 1, n, L] or None
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, KV, Dh] into the new tokens' slots."""
+        self.cache.keys[layer].index_copy_(0, self.write_slots, k)
+        self.cache.values[layer].index_copy_(0, self.write_slots, v)
 
-    def _plan_per_sequence(self, spans: list[SeqSpan], device) -> None:
-        self.seq_blocks = [torch.tensor(s.blocks, dtype=torch.int64, device=device) for s in spans]
-        self.seq_context = [s.start + s.num_new for s in spans]
-        self.seq_masks = [_visible(torch.tensor([s.start], device=device), s.num_new, s.start + s.num_new, device)
-                          for s in spans]
-
-    def write(self, k_pool: torch.Tensor, v_pool: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_pool.index_copy_(0, self.write_slots, k)
-        v_pool.index_copy_(0, self.write_slots, v)
-
-    def attend(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [T, H, Dh] -> attention output [T, H * Dh]."""
-        if self.batched:
-            return self._attend_batched(q, k_pool, v_pool)
-        return self._attend_per_sequence(q, k_pool, v_pool)
-
-    def _attend_batched(self, q, k_pool, v_pool) -> torch.Tensor:
-        batch, n = len(self.num_new), self.num_new[0]
-        k = self._gather(k_pool, self.blocks).view(batch, -1, *k_pool.shape[1:])[:, :self.context]  # [B, L, KV, Dh]
-        v = self._gather(v_pool, self.blocks).view(batch, -1, *v_pool.shape[1:])[:, :self.context]
-        qb = q.view(batch, n, *q.shape[1:]).transpose(1, 2)  # [B, H, n, Dh]
-        out = F.scaled_dot_product_attention(qb, k.transpose(1, 2), v.transpose(1, 2),
-                                             attn_mask=self.mask, enable_gqa=True)  # [B, H, n, Dh]
-        return out.transpose(1, 2).reshape(batch * n, -1)
-
-    def _attend_per_sequence(self, q, k_pool, v_pool) -> torch.Tensor:
         outs, first = [], 0
-        for n, blocks, length, mask in zip(self.num_new, self.seq_blocks, self.seq_context, self.seq_masks):
-            k = self._gather(k_pool, blocks)[:length].transpose(0, 1)  # [KV, L, Dh]
-            v = self._gather(v_pool, blocks)[:length].transpose(0, 1)
-            qs = q[first:first + n].transpose(0, 1)  # [H, n, Dh]
-            out = F.scaled_dot_product_attention(qs.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                                 attn_mask=mask, enable_gqa=True)  # [1, H, n, Dh]
-            outs.append(out[0].transpose(0, 1).reshape(n, -1))
-            first += n
-        return torch.cat(outs)
+        for seq in self.seqs:
+            k, v = self._keys_values(layer, seq)  # [L, KV, Dh] each
+            qs = q[first:first + seq.num_new].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dh]
+            out = F.scaled_dot_product_attention(qs, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+                                                 attn_mask=seq.mask, is_causal=seq.is_causal,
+                                                 enable_gqa=True)  # [1, H, n, Dh]
+            outs.append(out[0].transpose(0, 1).reshape(seq.num_new, -1))
+            first += seq.num_new
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _gather(self, pool: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-        """[num_slots, KV, Dh] pool -> [len(blocks) * block_size, KV, Dh] in block-table order."""
-        per_block = pool.view(-1, self.block_size * pool.shape[1] * pool.shape[2])
-        return per_block.index_select(0, blocks).view(-1, *pool.shape[1:])
-
-
-def _slots(spans: list[SeqSpan], block_size: int) -> torch.Tensor:
-    """Cache slot of every new token, flattened in batch order."""
-    slots = []
-    for s in spans:
-        table = torch.tensor(s.blocks, dtype=torch.int64)
-        positions = torch.arange(s.start, s.start + s.num_new)
-        slots.append(table[positions // block_size] * block_size + positions % block_size)
-    return torch.cat(slots)
+    def _keys_values(self, layer: int, seq: "_SeqPlan") -> tuple[torch.Tensor, torch.Tensor]:
+        k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
+        if seq.first_slot is not None:
+            return (k_pool[seq.first_slot:seq.first_slot + seq.context],
+                    v_pool[seq.first_slot:seq.first_slot + seq.context])
+        k_out, v_out = self.cache.gather_buffers(len(seq.blocks) * self.block_size)
+        for pool, out in ((k_pool, k_out), (v_pool, v_out)):
+            per_block = pool.view(-1, self.block_size * pool.shape[1] * pool.shape[2])  # [num_blocks, bs*KV*Dh]
+            torch.index_select(per_block, 0, seq.blocks, out=out.view(len(seq.blocks), -1))
+        return k_out[:seq.context], v_out[:seq.context]
 
 
-def _visible(starts: torch.Tensor, num_new: int, context: int, device) -> torch.Tensor | None:
-    """Boolean mask [B, 1, n, L]: query i of a sequence starting at `start` sees keys 0..start+i.
+@dataclass
+class _SeqPlan:
+    num_new: int
+    context: int  # keys to attend over: start + num_new
+    first_slot: int | None  # where the keys start in the pool when the blocks are one run
+    blocks: torch.Tensor | None  # [num_blocks] block table to gather when they are not
+    mask: torch.Tensor | None  # additive [n, L], built once and shared by all layers
+    is_causal: bool  # a prefill from position 0: SDPA's own causal mask is exact
 
-    None when nothing is masked (one new token per sequence, all at the last position).
+    @classmethod
+    def build(cls, span: SeqSpan, block_size: int, device) -> "_SeqPlan":
+        contiguous = all(b == span.blocks[0] + i for i, b in enumerate(span.blocks))
+        context = span.start + span.num_new
+        return cls(
+            num_new=span.num_new,
+            context=context,
+            first_slot=span.blocks[0] * block_size if contiguous else None,
+            blocks=None if contiguous else torch.tensor(span.blocks, dtype=torch.int64, device=device),
+            mask=_offset_causal_mask(span.start, span.num_new, device),
+            is_causal=span.start == 0 and span.num_new > 1,
+        )
+
+
+def _offset_causal_mask(start: int, num_new: int, device) -> torch.Tensor | None:
+    """Additive mask [n, start + n]: query i (at position start + i) sees keys 0..start+i.
+
+    None where no mask is needed: a single query sees everything, and a
+    prefill from 0 uses SDPA's is_causal.
     """
-    if num_new == 1 and bool((starts == context - 1).all()):
+    if num_new == 1 or start == 0:
         return None
-    query_pos = starts[:, None] + torch.arange(num_new, device=device)[None, :]  # [B, n]
-    keys = torch.arange(context, device=device)  # [L]
-    return (keys[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+    query_pos = start + torch.arange(num_new, device=device)  # [n]
+    keys = torch.arange(start + num_new, device=device)  # [L]
+    mask = torch.zeros(num_new, start + num_new, device=device)
+    return mask.masked_fill_(keys[None, :] > query_pos[:, None], float("-inf"))
 
 
 class Rope:
@@ -210,23 +198,22 @@ class LlamaModel:
         return cls(AutoConfig.from_pretrained(model_dir), state, device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
-                cache: KVCache, logit_rows: torch.Tensor) -> torch.Tensor:
+                logit_rows: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T]; logit_rows [R] -> logits [R, V]."""
         h = F.embedding(input_ids, self.embed)  # [T, D]
         cos, sin = self.rope.tables(positions)
-        for layer, k_pool, v_pool in zip(self.layers, cache.keys, cache.values):
-            h = h + self._attention(layer, rms_norm(h, layer.input_norm, self.eps), cos, sin,
-                                    attention, k_pool, v_pool)
+        for i, layer in enumerate(self.layers):
+            h = h + self._attention(i, layer, rms_norm(h, layer.input_norm, self.eps), cos, sin, attention)
             h = h + self._mlp(layer, rms_norm(h, layer.post_norm, self.eps))
         # The norm is per row, so gathering first keeps the vocab projection to the rows wanted.
         return F.linear(rms_norm(h[logit_rows], self.norm, self.eps), self.lm_head)
 
-    def _attention(self, layer: LayerWeights, x, cos, sin, attention: PagedAttention, k_pool, v_pool):
+    def _attention(self, i: int, layer: LayerWeights, x, cos, sin, attention: PagedAttention):
         heads, kv = self.num_heads, self.num_kv_heads
         qkv = F.linear(x, layer.qkv).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
         qk = apply_rope(qkv[:, :heads + kv], cos, sin)  # [T, H+KV, Dh]
-        attention.write(k_pool, v_pool, qk[:, heads:], qkv[:, heads + kv:])
-        return F.linear(attention.attend(qk[:, :heads], k_pool, v_pool), layer.o)
+        attention.write(i, qk[:, heads:], qkv[:, heads + kv:])
+        return F.linear(attention.attend(i, qk[:, :heads]), layer.o)
 
     def _mlp(self, layer: LayerWeights, x):
         gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)  # [T, I] each

@@ -13,44 +13,65 @@ class TargetMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.rpc_metrics = RpcMetrics(r)
-        self.requests_running = Gauge("specd_requests_running", "Sequences in the running batch", registry=r)
-        self.requests_waiting = Gauge("specd_requests_waiting", "Sequences queued for admission", registry=r)
-        self.requests_finished = Counter("specd_requests_finished", "Finished requests by finish reason",
+        self.requests_running = Gauge("specd_requests_running",
+                                      "Sequences in the running batch (being prefilled or decoded)", registry=r)
+        self.requests_waiting = Gauge("specd_requests_waiting",
+                                      "Sequences queued for admission into the running batch", registry=r)
+        self.requests_finished = Counter("specd_requests_finished",
+                                         "Finished sequences, by finish reason (stop, length, aborted, error)",
                                          ["reason"], registry=r)
-        self.queue_time = Histogram("specd_request_queue_time_seconds", "Arrival to first scheduled step",
+        self.queue_time = Histogram("specd_request_queue_time_seconds",
+                                    "Seconds from a request's arrival to its admission into the running batch",
                                     registry=r, buckets=_LATENCY_BUCKETS)
-        self.time_to_first_token = Histogram("specd_time_to_first_token_seconds", "Arrival to first token, by method",
+        self.time_to_first_token = Histogram("specd_time_to_first_token_seconds",
+                                             "Seconds from a request's arrival to its first output token, by method",
                                              ["method"], registry=r, buckets=_LATENCY_BUCKETS)
         self.inter_token_latency = Histogram(
             "specd_inter_token_latency_seconds",
-            "Time between consecutive output tokens, by method (a step's gap divided by the tokens it produced)",
+            "Seconds between consecutive output tokens, by method (a step's gap divided by the tokens it produced)",
             ["method"], registry=r, buckets=_LATENCY_BUCKETS)
-        self.e2e_latency = Histogram("specd_e2e_request_latency_seconds", "Arrival to last token, by method",
+        self.e2e_latency = Histogram("specd_e2e_request_latency_seconds",
+                                     "Seconds from a request's arrival to its last output token, by method",
                                      ["method"], registry=r, buckets=_LATENCY_BUCKETS)
-        self.draft_tokens = Counter("specd_draft_tokens", "Draft tokens sent to verification, by method",
+        self.draft_tokens = Counter("specd_draft_tokens", "Draft tokens the target verified, by method",
                                     ["method"], registry=r)
-        self.accepted_tokens = Counter("specd_accepted_tokens", "Draft tokens the target kept, by method",
-                                       ["method"], registry=r)
+        self.accepted_tokens = Counter(
+            "specd_accepted_tokens",
+            "Draft tokens the target accepted, by method; acceptance rate = accepted / draft tokens",
+            ["method"], registry=r)
         self.accepted_per_position = Counter(
             "specd_accepted_tokens_per_position",
-            "Draft tokens kept, by method and 0-based draft position (acceptance by position)",
+            "Draft tokens accepted at each 0-based draft position, by method; per verification step, "
+            "the share of steps whose draft was kept up to that position",
             ["method", "position"], registry=r)
         self.verification_steps = Counter(
             "specd_verification_steps",
-            "Decode steps per sequence, by method; tokens out / steps = mean acceptance length",
+            "Decode steps, once per sequence per step (prefill excluded), by method; "
+            "mean acceptance length = 1 + accepted tokens / verification steps",
             ["method"], registry=r)
-        self.output_tokens = Counter("specd_output_tokens", "Tokens generated, by method", ["method"], registry=r)
-        self.step_batch_size = Histogram("specd_step_batch_size", "Sequences in one forward pass", registry=r,
-                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.step_tokens = Histogram("specd_step_tokens", "Tokens (prompt + verified) in one forward pass",
-                                     registry=r, buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384))
-        self.forward_time = Histogram("specd_forward_seconds", "One forward pass plus verification", registry=r,
-                                      buckets=_LATENCY_BUCKETS)
-        self.kv_blocks_used = Gauge("specd_kv_cache_blocks_used", "KV cache blocks in use", registry=r)
-        self.kv_blocks_total = Gauge("specd_kv_cache_blocks_total", "KV cache blocks in the pool", registry=r)
-        self.drafter_rpc_latency = Histogram("specd_drafter_rpc_seconds", "Propose RPC wall time, by method",
-                                             ["method"], registry=r, buckets=_FAST_BUCKETS)
+        self.output_tokens = Counter("specd_output_tokens",
+                                     "Tokens generated (the prefill's first token included), by method",
+                                     ["method"], registry=r)
+        self.step_batch_size = Histogram("specd_step_batch_size",
+                                         "Sequences in one forward pass of the target (prefills plus decodes)",
+                                         registry=r, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.step_tokens = Histogram(
+            "specd_step_tokens",
+            "Tokens in one forward pass: prompts being prefilled plus each decode's last token and draft",
+            registry=r, buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384))
+        self.forward_time = Histogram("specd_forward_seconds",
+                                      "Seconds of one target step on the worker thread: the batched forward pass "
+                                      "plus verification", registry=r, buckets=_LATENCY_BUCKETS)
+        self.kv_blocks_used = Gauge("specd_kv_cache_blocks_used", "KV cache blocks holding tokens of running sequences",
+                                    registry=r)
+        self.kv_blocks_total = Gauge("specd_kv_cache_blocks_total",
+                                     "KV cache blocks in the pool; usage = used / total", registry=r)
+        self.drafter_rpc_latency = Histogram(
+            "specd_drafter_rpc_seconds",
+            "Seconds of one batched Propose RPC to a drafter service, failed ones included, by method",
+            ["method"], registry=r, buckets=_FAST_BUCKETS)
         self.drafter_failures = Counter(
             "specd_drafter_rpc_failures",
-            "Propose RPCs that failed or missed their deadline (the step went on draft-free), by method and code",
+            "Propose RPCs that failed, so the step went on draft-free, by method and code: a gRPC status "
+            "(DEADLINE_EXCEEDED = missed --drafter-timeout-ms) or MALFORMED (wrong number of drafts)",
             ["method", "code"], registry=r)

@@ -46,10 +46,11 @@ class ModelRunner:
         self._validate(batch)
         self._reserve_all(batch)
         spans = [SeqSpan(s.start_position, len(s.token_ids), self.allocator.block_table(s.seq_id)) for s in batch]
-        attention = PagedAttention(spans, self.allocator.block_size, self.device)
+        write_slots = torch.cat([self.allocator.slots(s.seq_id, s.start_position, _end(s)) for s in batch])
+        attention = PagedAttention(spans, write_slots, self.cache, self.device)
         input_ids, positions, logit_rows = self._flatten(batch)
         with torch.inference_mode():
-            return self.model.forward(input_ids, positions, attention, self.cache, logit_rows)
+            return self.model.forward(input_ids, positions, attention, logit_rows)
 
     def _validate(self, batch: list[SequenceInput]) -> None:
         if not batch:
@@ -80,9 +81,7 @@ class ModelRunner:
             positions.extend(range(s.start_position, s.start_position + n))
             rows.extend(range(first + n - s.num_logits, first + n))
             first += n
-        def tensor(values):
-            return torch.tensor(values, dtype=torch.int64, device=self.device)
-        return tensor(ids), tensor(positions), tensor(rows)
+        return tuple(torch.tensor(v, dtype=torch.int64, device=self.device) for v in (ids, positions, rows))
 
 
 def _end(s: SequenceInput) -> int:

@@ -50,13 +50,13 @@ def verify(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]
 
 
 def _verify_greedy(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
-    drafts, cu_draft_lens = _flat_drafts(batch)
+    drafts, cu_draft_lens = _flat_drafts(batch, logits.device)
     num_accepted, next_token = kernels.greedy_accept(drafts, cu_draft_lens, logits.argmax(dim=-1))
-    return [VerifyResult(int(n), int(t)) for n, t in zip(num_accepted, next_token)]
+    return _results(num_accepted, next_token)
 
 
 def _verify_sampled(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
-    drafts, cu_draft_lens = _flat_drafts(batch)
+    drafts, cu_draft_lens = _flat_drafts(batch, logits.device)
     params = [item.sampling for item in batch for _ in range(len(item.drafts) + 1)]
     probs = to_probs(logits, params)
     # Each sequence draws from its own generator, so a seeded request is
@@ -64,13 +64,19 @@ def _verify_sampled(logits: torch.Tensor, batch: list[VerifyInput]) -> list[Veri
     uniform_accept = torch.cat([torch.rand(len(item.drafts), generator=item.generator) for item in batch])
     uniform_final = torch.cat([torch.rand(1, generator=item.generator) for item in batch])
     num_accepted, next_token = kernels.rejection_sample(drafts, cu_draft_lens, probs, None,
-                                                        uniform_accept, uniform_final)
-    return [VerifyResult(int(n), int(t)) for n, t in zip(num_accepted, next_token)]
+                                                        uniform_accept.to(probs.device),
+                                                        uniform_final.to(probs.device))
+    return _results(num_accepted, next_token)
 
 
-def _flat_drafts(batch: list[VerifyInput]) -> tuple[torch.Tensor, torch.Tensor]:
-    drafts = torch.tensor([t for item in batch for t in item.drafts], dtype=torch.long)
-    cu_draft_lens = torch.tensor(_cumsum([len(item.drafts) for item in batch]), dtype=torch.long)
+def _results(num_accepted: torch.Tensor, next_token: torch.Tensor) -> list[VerifyResult]:
+    return [VerifyResult(n, t) for n, t in zip(num_accepted.tolist(), next_token.tolist())]  # one copy, not B
+
+
+def _flat_drafts(batch: list[VerifyInput], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the logits' device: kernels pick their implementation by device (Triton on CUDA)."""
+    drafts = torch.tensor([t for item in batch for t in item.drafts], dtype=torch.long, device=device)
+    cu_draft_lens = torch.tensor(_cumsum([len(item.drafts) for item in batch]), dtype=torch.long, device=device)
     return drafts, cu_draft_lens
 
 

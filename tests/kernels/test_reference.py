@@ -1,7 +1,7 @@
-"""The verification kernels' PyTorch references, as a specification."""
+"""Chain verification, specified on the PyTorch references."""
 import torch
 
-from kernels import greedy_accept, rejection_sample, target_row_offsets
+from kernels import greedy_accept, rejection_sample, sample_recovered, target_row_offsets
 
 
 def _cu(lengths):
@@ -89,3 +89,34 @@ def test_empty_drafts_sample_the_bonus_row():
     num_accepted, next_token = rejection_sample(torch.tensor([], dtype=torch.long), _cu([0]), p, None,
                                                 torch.rand(0), torch.rand(1))
     assert num_accepted.tolist() == [0] and next_token.tolist() == [2]
+
+
+def _recover_many(p_rows, q_row, num_accepted, trials, draft_token=0, seed=2):
+    """Tokens from sample_recovered for `trials` copies of one sequence with a one-token draft."""
+    gen = torch.Generator().manual_seed(seed)
+    token = sample_recovered(torch.full((trials,), draft_token), _cu([1] * trials), p_rows.repeat(trials, 1),
+                             None if q_row is None else q_row.repeat(trials, 1),
+                             torch.full((trials,), num_accepted), torch.rand(trials, generator=gen))
+    return _empirical(token.tolist(), p_rows.shape[-1])
+
+
+def test_recovered_token_follows_the_normalised_residual():
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.25, 0.15], [0.2] * 5])
+    q = torch.tensor([0.5, 0.1, 0.1, 0.2, 0.1])
+    residual = torch.tensor([0.0, 0.1, 0.2, 0.05, 0.05]) / 0.4  # max(0, p - q), normalised
+    assert (_recover_many(p, q, num_accepted=0, trials=40000) - residual.double()).abs().sum() < 0.03
+
+
+def test_bonus_token_follows_the_target_at_the_bonus_row():
+    p = torch.tensor([[0.2] * 5, [0.1, 0.2, 0.3, 0.25, 0.15]])
+    assert (_recover_many(p, None, num_accepted=1, trials=40000) - p[1].double()).abs().sum() < 0.03
+
+
+def test_without_residual_mass_the_recovered_token_follows_the_target():
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.25, 0.15], [0.2] * 5])
+    assert (_recover_many(p, p[0], num_accepted=0, trials=40000) - p[0].double()).abs().sum() < 0.03
+
+
+def test_a_rejected_deterministic_draft_is_never_the_recovered_token():
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.25, 0.15], [0.2] * 5])
+    assert _recover_many(p, None, num_accepted=0, trials=4000, draft_token=2)[2] == 0

@@ -1,0 +1,80 @@
+"""Random verification batches, for the kernel tests and the kernel benchmark."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.layout import target_row_offsets
+
+
+@dataclass
+class DraftBatch:
+    """Every input of every verification kernel, for one random batch."""
+    draft_token_ids: torch.Tensor  # [N]
+    parent_ids: torch.Tensor  # [N] local parent index, -1 = the root; chains: i - 1
+    cu_draft_lens: torch.Tensor  # [B+1]
+    target_probs: torch.Tensor  # [N+B, V]
+    target_argmax: torch.Tensor  # [N+B]
+    draft_probs: torch.Tensor  # [N, V]
+    uniform_accept: torch.Tensor  # [N]
+    uniform_final: torch.Tensor  # [B]
+    num_accepted: torch.Tensor  # [B] any count in 0..draft length, for sample_recovered alone
+    start_positions: torch.Tensor  # [B]
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_draft_lens.numel() - 1
+
+
+def random_batch(draft_lens: list[int], vocab: int, *, tree: bool = False, seed: int = 0,
+                 match_rate: float = 0.7, device: str | torch.device = "cpu") -> DraftBatch:
+    """Drafts of the given lengths; each draft token is the target's argmax at its parent's row
+    with probability match_rate, so that acceptance paths of every length occur."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.tensor(draft_lens, dtype=torch.int64)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+    num_drafts, num_seqs = int(cu[-1]), len(draft_lens)
+    parents = _cat([_random_parents(n, tree, gen) for n in draft_lens])
+    target_probs = torch.softmax(torch.randn(num_drafts + num_seqs, vocab, generator=gen) * 3, dim=-1)
+    target_argmax = target_probs.argmax(dim=-1)
+    parent_rows = torch.repeat_interleave(target_row_offsets(cu)[:-1], lens) + 1 + parents  # [N]
+    matches = torch.rand(num_drafts, generator=gen) < match_rate
+    drafts = torch.where(matches, target_argmax[parent_rows], torch.randint(0, vocab, (num_drafts,), generator=gen))
+    batch = DraftBatch(
+        draft_token_ids=drafts, parent_ids=parents, cu_draft_lens=cu, target_probs=target_probs,
+        target_argmax=target_argmax,
+        draft_probs=torch.softmax(torch.randn(num_drafts, vocab, generator=gen), dim=-1),
+        uniform_accept=torch.rand(num_drafts, generator=gen), uniform_final=torch.rand(num_seqs, generator=gen),
+        num_accepted=(torch.rand(num_seqs, generator=gen) * (lens + 1)).long(),
+        start_positions=torch.randint(0, 1000, (num_seqs,), generator=gen))
+    return DraftBatch(**{name: value.to(device) for name, value in vars(batch).items()})
+
+
+def random_kv_moves(draft_lens: list[int], num_pools: int, kv_heads: int, head_dim: int, *, seed: int = 0,
+                    device: str | torch.device = "cpu") -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Pools holding one tree per sequence after its root, and the moves that compact a random
+    accepted path of each tree down to the slots right after the root: (pools, src_slots, dst_slots)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = sum(n + 1 for n in draft_lens)
+    pools = [torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(device) for _ in range(num_pools)]
+    src, dst, root = [], [], 0
+    for n in draft_lens:
+        path_len = int(torch.randint(0, n + 1, (1,), generator=gen))
+        path = torch.randperm(n, generator=gen)[:path_len].sort().values  # path nodes come in index order
+        src.append(root + 1 + path)
+        dst.append(root + 1 + torch.arange(path_len))
+        root += n + 1
+    return pools, _cat(src).to(device), _cat(dst).to(device)
+
+
+def _random_parents(num_nodes: int, tree: bool, gen: torch.Generator) -> torch.Tensor:
+    """[num_nodes] each node's parent: any earlier node or the root (-1) for trees, the previous one for chains."""
+    index = torch.arange(num_nodes)
+    if not tree:
+        return index - 1
+    return (torch.rand(num_nodes, generator=gen) * (index + 1)).long() - 1
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)

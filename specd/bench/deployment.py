@@ -1,0 +1,81 @@
+"""The stack a benchmark talks to: one already running (--gateway) or one it
+starts on free loopback ports, with the services' logs kept beside the results."""
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from specd.bench.errors import BenchError
+from specd.stack import Stack, StackPorts
+from specd.v1 import target_pb2, target_pb2_grpc
+
+
+@dataclass
+class Deployment:
+    gateway: str
+    target: str | None  # known when started here or given with --target
+
+
+@dataclass
+class _LoggedStack(Stack):
+    """A Stack whose services write to log files, so the progress bar stays readable."""
+    log_dir: Path = field(default_factory=Path)
+
+    def start(self, service: str) -> None:
+        with (self.log_dir / f"{service}.log").open("ab") as log:
+            self.processes[service] = subprocess.Popen(self.command(service), stdout=log, stderr=subprocess.STDOUT)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@contextmanager
+def deployment(gateway: str | None, target: str | None, model: str, threads: int, log_dir: Path
+               ) -> Iterator[Deployment]:
+    """Use the given gateway, or start gateway + target + drafter and stop them on exit."""
+    if gateway:
+        yield Deployment(gateway, target)
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    stack = _LoggedStack(model=model, ports=StackPorts(*free_ports(6)), threads=threads, log_dir=log_dir)
+    try:
+        try:
+            stack.up()
+        except (RuntimeError, TimeoutError) as err:
+            raise BenchError(f"could not start the stack: {err} (service logs in {log_dir})") from err
+        yield Deployment(stack.address("gateway"), stack.address("target"))
+    finally:
+        stack.down()
+
+
+def served_methods(target: str, timeout_s: float = 10.0) -> list[str]:
+    """The methods the target serves, "none" included, from its GetModelInfo."""
+    try:
+        with grpc.insecure_channel(target) as channel:
+            info = target_pb2_grpc.TargetStub(channel).GetModelInfo(target_pb2.ModelInfoRequest(), timeout=timeout_s)
+    except grpc.RpcError as err:
+        raise BenchError(f"cannot list the methods of the target at {target}: {err.code().name}; "
+                         f"pass --methods instead") from err
+    return list(info.methods)
+
+
+def resolve_methods(requested: list[str] | None, target: str | None) -> list[str]:
+    """The methods to compare, `none` first: it is the reference every speedup and output check uses."""
+    if requested is None:
+        if target is None:
+            raise BenchError("with --gateway, pass --methods (e.g. none,ngram) or --target so they can be listed")
+        requested = served_methods(target)
+    return ["none", *[m for m in dict.fromkeys(requested) if m != "none"]]

@@ -1,0 +1,98 @@
+"""`bench serve`: many concurrent clients against the gateway.
+
+Closed loop (no --request-rate): each of `concurrency` clients sends its next
+request as soon as its previous one ends. Poisson: requests are due at a
+seeded exponential spacing of mean 1/rate; at most `concurrency` are in flight,
+and one due while the cap is reached waits client-side (its latency is timed
+from when it is sent, as vLLM's benchmark does).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from specd.bench.errors import BenchError
+from specd.bench.gateway_requests import timed_request
+from specd.bench.prompts import Prompt
+from specd.bench.records import RequestRecord
+from specd.bench.spec_runner import WARMUP_PROMPT, rotated
+from specd.client import SpecdClient
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    methods: list[str]
+    concurrencies: list[int]
+    request_rate: float  # requests / s; math.inf = closed loop
+    num_prompts: int  # requests per (method, concurrency)
+    max_tokens: int
+    temperature: float
+    seed: int
+    warmup: int  # requests per method before measuring; excluded
+    timeout_s: float
+
+
+def poisson_send_times(count: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start at which each request is due; all at 0 for an infinite rate."""
+    if math.isinf(rate):
+        return [0.0] * count
+    rng, t, times = random.Random(seed), 0.0, []
+    for _ in range(count):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+class LoadRunner:
+    def __init__(self, client: SpecdClient, settings: ServeSettings, prompts: list[Prompt]):
+        self.client = client
+        self.settings = settings
+        self.prompts = prompts
+
+    async def _send(self, index: int, method: str, concurrency: int, started: float) -> RequestRecord:
+        s = self.settings
+        sent_at = time.perf_counter() - started
+        seed = s.seed + index if s.temperature > 0 else None
+        record = await timed_request(self.client, self.prompts[index], method, s.temperature, seed,
+                                     s.max_tokens, s.timeout_s)
+        record.sent_at_s, record.concurrency = sent_at, concurrency
+        return record
+
+    async def run_level(self, method: str, concurrency: int, bar: tqdm) -> list[RequestRecord]:
+        """All prompts for one method at one concurrency."""
+        started, records = time.perf_counter(), []
+        due = poisson_send_times(len(self.prompts), self.settings.request_rate, self.settings.seed)
+        in_flight = asyncio.Semaphore(concurrency)
+
+        async def one(index: int) -> None:
+            await asyncio.sleep(max(0.0, due[index] - (time.perf_counter() - started)))
+            async with in_flight:
+                records.append(await self._send(index, method, concurrency, started))
+                bar.update()
+
+        await asyncio.gather(*(one(i) for i in range(len(self.prompts))))
+        return records
+
+    async def warm_up(self) -> None:
+        for method in self.settings.methods:
+            for _ in range(self.settings.warmup):
+                record = await timed_request(self.client, WARMUP_PROMPT, method, self.settings.temperature,
+                                             self.settings.seed, self.settings.max_tokens, self.settings.timeout_s)
+                if record.error:
+                    raise BenchError(f"warm-up request of {method} failed: {record.error}")
+
+    async def run(self) -> list[RequestRecord]:
+        s = self.settings
+        records = []
+        with tqdm(total=len(s.methods) * len(s.concurrencies) * len(self.prompts), unit="req", desc="bench serve",
+                  dynamic_ncols=True) as bar:
+            for level, concurrency in enumerate(s.concurrencies):
+                for method in rotated(s.methods, level):
+                    bar.set_postfix_str(f"{method} concurrency={concurrency}")
+                    records.extend(await self.run_level(method, concurrency, bar))
+        return records

@@ -1,0 +1,80 @@
+"""`bench spec`: every prompt through every system, one request at a time (batch 1).
+
+The systems run back to back on the same prompt, in an order rotated per
+prompt, so machine drift and cache warmth hit all of them alike. Baselines run
+in this process between specd requests, never at the same time as one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from specd.bench.errors import BenchError
+from specd.bench.gateway_requests import timed_request
+from specd.bench.prompts import Prompt
+from specd.bench.records import RequestRecord
+from specd.client import SpecdClient
+
+if TYPE_CHECKING:
+    from specd.bench.baselines import TransformersBaselines
+
+# Warm-up uses a prompt of its own, so no measured prompt has been seen before by any system.
+WARMUP_PROMPT = Prompt("warmup", "warmup", "Write a short poem about the sea, then repeat its first line.")
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    methods: list[str]  # specd methods, "none" first
+    baselines: list[str]
+    temperatures: list[float]
+    seed: int
+    max_tokens: int
+    warmup: int  # requests per system and temperature before measuring; excluded from the results
+    timeout_s: float
+
+    @property
+    def systems(self) -> list[str]:
+        return [*self.methods, *self.baselines]
+
+
+def rotated(items: list[str], shift: int) -> list[str]:
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+class SpecRunner:
+    def __init__(self, client: SpecdClient, settings: SpecSettings, baselines: TransformersBaselines | None):
+        self.client = client
+        self.settings = settings
+        self.baselines = baselines
+
+    async def run_one(self, system: str, prompt: Prompt, temperature: float, seed: int | None) -> RequestRecord:
+        s = self.settings
+        if system in s.methods:
+            return await timed_request(self.client, prompt, system, temperature, seed, s.max_tokens, s.timeout_s)
+        return self.baselines.run(system, prompt, temperature, seed, s.max_tokens)
+
+    async def warm_up(self) -> None:
+        for temperature in self.settings.temperatures:
+            for system in self.settings.systems:
+                for _ in range(self.settings.warmup):
+                    record = await self.run_one(system, WARMUP_PROMPT, temperature, self.settings.seed)
+                    if record.error:
+                        raise BenchError(f"warm-up request of {system} failed: {record.error}")
+
+    async def run(self, prompts: list[Prompt]) -> list[RequestRecord]:
+        s = self.settings
+        records = []
+        with tqdm(total=len(s.temperatures) * len(prompts) * len(s.systems), unit="req", desc="bench spec",
+                  dynamic_ncols=True) as bar:
+            for temperature in s.temperatures:
+                for index, prompt in enumerate(prompts):
+                    # One seed per prompt, shared by every system: the same random stream for each.
+                    seed = s.seed + index if temperature > 0 else None
+                    for system in rotated(s.systems, index):
+                        bar.set_postfix_str(f"T={temperature:g} {prompt.category} {system}")
+                        records.append(await self.run_one(system, prompt, temperature, seed))
+                        bar.update()
+        return records

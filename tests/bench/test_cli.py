@@ -1,0 +1,80 @@
+"""`specd bench` flags, method resolution, and the files a run writes (without a stack)."""
+import json
+import math
+
+import pytest
+
+from specd.bench.deployment import resolve_methods
+from specd.bench.errors import BenchError
+from specd.bench.plots import plot_serving, plot_speedup_by_category
+from specd.bench.results import git_info, machine_info, write_json
+from specd.bench.stats import OVERALL, ServeSummary, SpecSummary
+from specd.cli import _build_parser, main
+
+
+def test_spec_flags_parse_lists():
+    args = _build_parser().parse_args(["bench", "spec", "--methods", "none,ngram", "--temperatures", "0,0.7",
+                                       "--baselines", "hf-lookup", "--categories", "coding,math", "--limit", "3"])
+    assert (args.methods, args.temperatures, args.baselines, args.categories, args.limit) == \
+        (["none", "ngram"], [0.0, 0.7], ["hf-lookup"], ["coding", "math"], 3)
+
+
+def test_spec_defaults_compare_greedy_and_sampled_against_both_baselines():
+    args = _build_parser().parse_args(["bench", "spec"])
+    assert (args.temperatures, args.baselines, args.methods, args.gateway) == ([0.0, 1.0], ["hf", "hf-lookup"],
+                                                                              None, None)
+    assert args.prompts.parts[-4:] == ("shared", "data", "spec_bench", "question.jsonl")
+
+
+def test_no_baselines_and_unknown_baselines():
+    parser = _build_parser()
+    assert parser.parse_args(["bench", "spec", "--baselines", ""]).baselines == []
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "spec", "--baselines", "vllm"])
+
+
+def test_serve_flags_default_to_a_closed_loop_over_four_concurrencies():
+    args = _build_parser().parse_args(["bench", "serve", "--num-prompts", "8"])
+    assert (args.concurrency, args.request_rate, args.num_prompts) == ([1, 4, 16, 64], math.inf, 8)
+
+
+def test_a_missing_prompt_file_is_a_clear_error_before_anything_starts(tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "question.jsonl"
+    assert main(["bench", "spec", "--prompts", str(missing), "--output-dir", str(tmp_path / "out")]) == 2
+    assert f"Spec-Bench file not found: {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_gateway_and_start_stack_exclude_each_other(capsys):
+    assert main(["bench", "serve", "--gateway", "127.0.0.1:1", "--start-stack"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_running_gateway_needs_the_methods_or_its_target(tmp_path, capsys):
+    assert main(["bench", "spec", "--gateway", "127.0.0.1:1", "--output-dir", str(tmp_path / "out")]) == 2
+    assert "pass --methods" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_methods_always_start_with_none_once():
+    assert resolve_methods(["ngram", "none", "ngram"], target=None) == ["none", "ngram"]
+    with pytest.raises(BenchError, match="--methods"):
+        resolve_methods(None, target=None)
+
+
+def test_results_name_the_machine_and_commit_and_are_strict_json(tmp_path):
+    machine = machine_info(threads=2)
+    assert {"cpu_model", "logical_cores", "torch", "torch_threads"} <= set(machine)
+    assert set(git_info()) == {"commit", "dirty"}
+    path = write_json(tmp_path / "r.json", {"machine": machine, "rate": None})
+    assert json.loads(path.read_text())["machine"]["torch_threads"] == 2
+
+
+def test_plots_are_written_as_png(tmp_path):
+    spec = [SpecSummary(system, category, 0.0, 1, 0, 8, 10.0, 1.0, None, 0.1, 0.1, 0.05, 0.06,
+                        ratios={"none": speedup}) for category in ("coding", OVERALL)
+            for system, speedup in (("none", 1.0), ("ngram", 1.4))]
+    pct = {"p50": 0.1, "p95": 0.2, "p99": None}
+    serve = [ServeSummary(m, c, 4, 0, 2.0, 2.0, 30.0, pct, pct, pct) for m in ("none", "ngram") for c in (1, 4)]
+    for path in (plot_speedup_by_category(spec, tmp_path / "s.png"), plot_serving(serve, tmp_path / "v.png")):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,53 @@
+"""Shared fixtures."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+# Small but shaped like the default model: GQA (2 query heads per KV head), tied
+# embeddings, and the default model's vocabulary size and special token ids, so
+# its tokenizer pairs with it. The larger init std keeps logits well away from
+# zero, so numeric comparisons mean something.
+TINY_CONFIG = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+
+
+def write_tiny_model(path: Path, seed: int = 0, **overrides) -> Path:
+    """Save a random-weight LlamaForCausalLM (config + safetensors) into `path`."""
+    with torch.random.fork_rng():  # seeded without disturbing the caller's RNG
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, **overrides}))
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A directory holding a tiny seeded random Llama in Hugging Face format (no tokenizer)."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model(tmp_path_factory):
+    """Writes a tiny random Llama with config overrides (e.g. rope_parameters) and returns its directory."""
+    def make(seed: int = 0, **overrides) -> Path:
+        return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"), seed, **overrides)
+    return make

@@ -1,0 +1,85 @@
+"""Every Triton kernel gives its reference's outputs, run by Triton's interpreter on CPU.
+
+Run in a subprocess by tests/kernels/test_triton_interpreter.py: TRITON_INTERPRET
+must be set before anything imports triton, and tests/conftest.py imports
+transformers, which imports triton.
+"""
+import os
+import random
+
+import pytest
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 from the start; run by test_triton_interpreter.py",
+                allow_module_level=True)
+
+from kernels import reference, triton_impl  # noqa: E402
+from kernels.testing import random_batch, random_kv_moves  # noqa: E402
+
+# Kept small: the interpreter runs every program of a launch one after another in Python.
+SHAPES = {
+    "single sequence, k=16": [16],
+    "empty drafts": [0, 0, 0],
+    "k=16 among empty and short drafts": [16, 0, 3, 16, 1, 0, 7, 16],
+    "256 sequences": [random.Random(0).randint(0, 4) for _ in range(256)],
+}
+VOCAB = 300  # not a power of two: the last block of every vocabulary scan is partial
+
+
+def _assert_same(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+@pytest.fixture(params=SHAPES.values(), ids=SHAPES.keys())
+def draft_lens(request):
+    return request.param
+
+
+def test_greedy_accept(draft_lens):
+    b = random_batch(draft_lens, VOCAB)
+    args = (b.draft_token_ids, b.cu_draft_lens, b.target_argmax)
+    _assert_same(triton_impl.greedy_accept(*args), reference.greedy_accept(*args))
+
+
+@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["q=1", "draft probs"])
+def test_rejection_sample(draft_lens, with_draft_probs):
+    b = random_batch(draft_lens, VOCAB)
+    args = (b.draft_token_ids, b.cu_draft_lens, b.target_probs, b.draft_probs if with_draft_probs else None,
+            b.uniform_accept, b.uniform_final)
+    _assert_same(triton_impl.rejection_sample(*args), reference.rejection_sample(*args))
+
+
+@pytest.mark.parametrize("with_draft_probs", [False, True], ids=["q=1", "draft probs"])
+def test_sample_recovered_at_any_accepted_count(with_draft_probs):
+    b = random_batch(SHAPES["k=16 among empty and short drafts"], VOCAB)
+    args = (b.draft_token_ids, b.cu_draft_lens, b.target_probs, b.draft_probs if with_draft_probs else None,
+            b.num_accepted, b.uniform_final)
+    _assert_same([triton_impl.sample_recovered(*args)], [reference.sample_recovered(*args)])
+
+
+def test_sample_recovered_over_a_vocabulary_of_several_blocks():
+    b = random_batch([3, 0, 5], 2500)
+    args = (b.draft_token_ids, b.cu_draft_lens, b.target_probs, b.draft_probs, b.num_accepted, b.uniform_final)
+    _assert_same([triton_impl.sample_recovered(*args)], [reference.sample_recovered(*args)])
+
+
+def test_tree_greedy_accept(draft_lens):
+    b = random_batch(draft_lens, 8, tree=True)
+    args = (b.draft_token_ids, b.parent_ids, b.cu_draft_lens, b.target_argmax)
+    _assert_same(triton_impl.tree_greedy_accept(*args), reference.tree_greedy_accept(*args))
+
+
+def test_build_tree_attention(draft_lens):
+    b = random_batch(draft_lens, 8, tree=True)
+    args = (b.parent_ids, b.cu_draft_lens, b.start_positions)
+    _assert_same(triton_impl.build_tree_attention(*args), reference.build_tree_attention(*args))
+
+
+def test_compact_kv(draft_lens):
+    pools, src, dst = random_kv_moves(draft_lens, num_pools=4, kv_heads=2, head_dim=24)
+    expected = [pool.clone() for pool in pools]
+    reference.compact_kv(expected, src, dst)
+    triton_impl.compact_kv(pools, src, dst)
+    assert all(bool((got == want).all()) for got, want in zip(pools, expected))

@@ -1,0 +1,157 @@
+import pytest
+import torch
+
+from target_svc.kv_cache import BlockAllocator, KVCache, OutOfBlocks
+
+
+def test_reserve_allocates_whole_blocks():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.reserve("a", 5)  # 2 blocks
+    assert alloc.num_free_blocks == 6
+    assert alloc.has("a") and not alloc.has("b")
+    assert alloc.capacity("a") == 8
+
+
+def test_reserve_only_grows():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.reserve("a", 8)
+    alloc.reserve("a", 3)  # already covered
+    assert alloc.num_free_blocks == 6
+    alloc.reserve("a", 9)
+    assert alloc.num_free_blocks == 5
+
+
+def test_out_of_blocks_allocates_nothing():
+    alloc = BlockAllocator(num_blocks=4, block_size=4)
+    alloc.reserve("a", 4)
+    before = alloc.block_table("a")
+    assert not alloc.can_reserve("a", 17)
+    with pytest.raises(OutOfBlocks):
+        alloc.reserve("a", 17)
+    with pytest.raises(OutOfBlocks):
+        alloc.reserve("b", 16)
+    assert alloc.num_free_blocks == 3
+    assert alloc.block_table("a") == before
+    assert not alloc.has("b")
+    assert alloc.can_reserve("a", 16)
+
+
+def test_truncate_frees_whole_blocks_past_length():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.reserve("a", 12)  # 3 blocks
+    alloc.truncate("a", 5)  # positions 0..4 still need 2 blocks
+    assert alloc.num_free_blocks == 6
+    alloc.truncate("a", 4)
+    assert alloc.num_free_blocks == 7
+    alloc.truncate("a", 0)
+    assert alloc.num_free_blocks == 8
+    alloc.truncate("missing", 3)  # no-op
+
+
+def test_truncate_keeps_the_leading_blocks():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.reserve("a", 12)
+    table = alloc.block_table("a")
+    alloc.truncate("a", 6)
+    assert alloc.block_table("a") == table[:2]
+
+
+def test_free_returns_everything_and_is_idempotent():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.reserve("a", 10)
+    alloc.reserve("b", 3)
+    alloc.free("a")
+    alloc.free("a")
+    alloc.free("never-seen")
+    assert alloc.num_free_blocks == 7
+    assert not alloc.has("a")
+    alloc.free("b")
+    assert alloc.num_free_blocks == 8
+
+
+def test_freed_blocks_are_reused():
+    alloc = BlockAllocator(num_blocks=2, block_size=4)
+    alloc.reserve("a", 8)
+    alloc.free("a")
+    alloc.reserve("b", 8)
+    assert sorted(alloc.block_table("b")) == [0, 1]
+
+
+def test_a_sequence_grows_into_the_block_after_its_tail():
+    alloc = BlockAllocator(num_blocks=16, block_size=4)
+    for length in range(4, 33, 4):
+        alloc.reserve("a", length)
+    assert alloc.block_table("a") == list(range(8))
+
+
+def test_new_sequences_start_mid_way_into_the_largest_free_run():
+    alloc = BlockAllocator(num_blocks=16, block_size=4)
+    alloc.reserve("a", 8)  # blocks 0, 1
+    alloc.reserve("b", 4)  # free run 2..15, 13 blocks spare: starts half of them in, leaving "a" room to grow
+    assert alloc.block_table("b") == [2 + 13 // 2]
+    alloc.reserve("a", 12)
+    assert alloc.block_table("a") == [0, 1, 2]
+
+
+def test_a_large_reservation_gets_one_run():
+    alloc = BlockAllocator(num_blocks=16, block_size=4)
+    alloc.reserve("a", 4)  # [0]
+    alloc.reserve("b", 20)  # 5 blocks in the run 1..15, 10 spare
+    assert alloc.block_table("b") == list(range(6, 11))
+
+
+def fragmented(alloc: BlockAllocator) -> str:
+    """Reserve around neighbours so that "a" ends up in two runs; returns its id."""
+    alloc.reserve("a", 4)  # [0]
+    alloc.reserve("b", 4)  # the middle of 1..5: [3]
+    alloc.reserve("c", 4)  # the first of the two longest runs, 1..2, half its 1 spare block in: [1]
+    alloc.reserve("a", 12)  # 1 is taken, so the run 4..5: [0, 4, 5]
+    return "a"
+
+
+def test_slots_follow_the_block_table_across_boundaries():
+    alloc = BlockAllocator(num_blocks=6, block_size=4)
+    seq = fragmented(alloc)
+    table = alloc.block_table(seq)
+    assert table == [0, 4, 5]
+    expected = [table[p // 4] * 4 + p % 4 for p in range(2, 11)]
+    slots = alloc.slots(seq, 2, 11)
+    assert slots.dtype == torch.int64
+    assert slots.tolist() == expected
+    assert alloc.slots(seq, 5, 5).tolist() == []
+
+
+def test_a_full_pool_still_hands_out_every_block():
+    alloc = BlockAllocator(num_blocks=6, block_size=4)
+    fragmented(alloc)
+    alloc.reserve("d", 4)
+    assert alloc.num_free_blocks == 0
+    tables = [alloc.block_table(s) for s in "abcd"]
+    assert sorted(sum(tables, [])) == list(range(6))
+
+
+def test_slots_outside_capacity_raise():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.reserve("a", 5)
+    with pytest.raises(IndexError):
+        alloc.slots("a", 0, 9)
+    with pytest.raises(IndexError):
+        alloc.slots("b", 0, 1)
+
+
+def test_kv_cache_pool_shapes():
+    cache = KVCache(num_layers=3, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4)
+    assert len(cache.keys) == len(cache.values) == 3
+    assert cache.keys[0].shape == cache.values[2].shape == (20, 2, 8)
+    assert cache.keys[0].dtype == torch.float32
+
+
+def test_gather_buffers_grow_and_are_reused():
+    cache = KVCache(num_layers=1, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4)
+    k, v = cache.gather_buffers(8)
+    assert k.shape == v.shape == (8, 2, 8)
+    assert k.data_ptr() != v.data_ptr()
+    k_small, _ = cache.gather_buffers(4)
+    assert k_small.data_ptr() == k.data_ptr()
+    k_big, _ = cache.gather_buffers(20)
+    assert k_big.shape == (20, 2, 8)

@@ -1,0 +1,177 @@
+"""ModelRunner logits must match transformers' LlamaForCausalLM run on the whole sequence."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from target_svc.kv_cache import OutOfBlocks
+from target_svc.model_runner import ModelRunner, SequenceInput
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(params=["contiguous", "fragmented"])
+def runner(request, tiny_model_dir):
+    # Small blocks so every test crosses block boundaries.
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=4)
+    if request.param == "fragmented":
+        fragment(runner.allocator)
+    return runner
+
+
+def fragment(alloc) -> None:
+    """Leave only every other block free, so no table is contiguous and attention must gather."""
+    fillers = [f"filler{i}" for i in range(alloc.num_blocks)]
+    for filler in fillers:
+        alloc.reserve(filler, 1)
+    for filler in fillers:
+        if alloc.block_table(filler)[0] % 2 == 0:
+            alloc.free(filler)
+    assert alloc.num_free_blocks == alloc.num_blocks // 2
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 49152, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def reference(model, ids: list[int]) -> torch.Tensor:
+    """transformers' logits for every position of `ids`, no cache: [len(ids), V]."""
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+
+
+def test_metadata(runner):
+    assert runner.vocab_size == 49152
+    assert runner.max_context_length == 2048
+    assert runner.eos_token_ids == [2]
+
+
+def test_logits_are_meaningfully_large(runner):
+    # Guards the comparisons below against passing on near-zero logits.
+    logits = runner.forward([SequenceInput("a", tokens(8, 0), 0, 8)])
+    assert logits.abs().max() > 1.0
+
+
+def test_prefill_matches_transformers(runner, hf_model):
+    ids = tokens(23, 1)
+    logits = runner.forward([SequenceInput("a", ids, 0, len(ids))])
+    assert logits.dtype == torch.float32
+    assert_close(logits, reference(hf_model, ids))
+
+
+def test_prefill_returns_only_the_last_num_logits(runner, hf_model):
+    ids = tokens(10, 2)
+    logits = runner.forward([SequenceInput("a", ids, 0, 3)])
+    assert_close(logits, reference(hf_model, ids)[-3:])
+
+
+def test_incremental_steps_match_transformers(runner, hf_model):
+    ids = tokens(40, 3)
+    expected = reference(hf_model, ids)
+    runner.forward([SequenceInput("a", ids[:9], 0, 1)])
+    done = 9
+    for step in (1, 1, 5, 1, 8, 3, 1, 11):  # single tokens and multi-token verify steps
+        logits = runner.forward([SequenceInput("a", ids[done:done + step], done, step)])
+        assert_close(logits, expected[done:done + step])
+        done += step
+
+
+def test_mixed_batch_matches_transformers(runner, hf_model):
+    seqs = {"a": tokens(30, 4), "b": tokens(17, 5), "c": tokens(25, 6)}
+    expected = {s: reference(hf_model, ids) for s, ids in seqs.items()}
+    runner.forward([SequenceInput("a", seqs["a"][:20], 0, 1), SequenceInput("b", seqs["b"][:6], 0, 1)])
+    # "a" verifies 4 tokens, "b" decodes 1, "c" is a fresh prefill: three query lengths in one pass.
+    batch = [SequenceInput("a", seqs["a"][20:24], 20, 4), SequenceInput("b", seqs["b"][6:7], 6, 1),
+             SequenceInput("c", seqs["c"][:25], 0, 2)]
+    logits = runner.forward(batch)
+    assert_close(logits, torch.cat([expected["a"][20:24], expected["b"][6:7], expected["c"][23:25]]))
+
+
+@pytest.mark.parametrize("num_new", [1, 3])
+def test_equal_query_lengths_at_different_contexts(runner, hf_model, num_new):
+    # Same number of new tokens per sequence: the padded one-call path, with ragged contexts.
+    lengths = {"a": 5, "b": 14, "c": 9}
+    seqs = {s: tokens(n + num_new, 10 + i) for i, (s, n) in enumerate(lengths.items())}
+    runner.forward([SequenceInput(s, seqs[s][:n], 0, 1) for s, n in lengths.items()])
+    logits = runner.forward([SequenceInput(s, seqs[s][n:], n, num_new) for s, n in lengths.items()])
+    expected = torch.cat([reference(hf_model, seqs[s])[n:] for s, n in lengths.items()])
+    assert_close(logits, expected)
+
+
+def test_rollback_then_different_tokens(runner, hf_model):
+    prompt, rejected, accepted = tokens(10, 7), tokens(6, 8), tokens(4, 9)
+    runner.forward([SequenceInput("a", prompt, 0, 1)])
+    runner.forward([SequenceInput("a", rejected, 10, 6)])
+    # Keep one of the six drafts, then run other tokens over the rolled-back positions.
+    runner.allocator.truncate("a", 11)
+    assert runner.allocator.capacity("a") < 16
+    ids = prompt + rejected[:1] + accepted
+    logits = runner.forward([SequenceInput("a", accepted, 11, 4)])
+    assert_close(logits, reference(hf_model, ids)[11:])
+
+
+def test_out_of_blocks_touches_nothing(tiny_model_dir):
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=16, block_size=4)
+    runner.forward([SequenceInput("a", tokens(6, 0), 0, 1)])
+    free, table = runner.allocator.num_free_blocks, runner.allocator.block_table("a")
+    with pytest.raises(OutOfBlocks):
+        # "a" would fit on its own; together they do not.
+        runner.forward([SequenceInput("a", tokens(2, 1), 6, 1), SequenceInput("b", tokens(9, 2), 0, 1)])
+    assert runner.allocator.num_free_blocks == free
+    assert runner.allocator.block_table("a") == table
+    assert not runner.allocator.has("b")
+
+
+@pytest.mark.parametrize("bad", [
+    [SequenceInput("a", [], 0, 0)],
+    [SequenceInput("a", [1, 2], 0, 3)],
+    [SequenceInput("a", [1], 0, 1), SequenceInput("a", [2], 1, 1)],
+    [SequenceInput("a", [1, 2], 2047, 1)],
+])
+def test_rejects_bad_batches(runner, bad):
+    with pytest.raises(ValueError):
+        runner.forward(bad)
+
+
+def test_llama3_rope_matches_transformers(make_tiny_model):
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model_dir = make_tiny_model(num_hidden_layers=1, rope_parameters=rope)
+    runner = ModelRunner(model_dir, kv_cache_tokens=256, block_size=8)
+    ids = tokens(90, 11)
+    runner.forward([SequenceInput("a", ids[:80], 0, 1)])
+    logits = runner.forward([SequenceInput("a", ids[80:], 80, 10)])
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    assert_close(logits, reference(hf, ids)[80:])
+
+
+@pytest.mark.e2e
+def test_greedy_generation_matches_transformers_on_the_default_model():
+    from specd.model_store import resolve_model
+
+    model_dir = resolve_model()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                           add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        expected = hf.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1]:].tolist()
+
+    runner = ModelRunner(model_dir, kv_cache_tokens=1024)
+    generated, new = [], ids[0].tolist()
+    while len(generated) < 20 and not (generated and generated[-1] in runner.eos_token_ids):
+        start = ids.shape[1] + len(generated) - len(new)
+        generated.append(int(runner.forward([SequenceInput("s", new, start, 1)]).argmax(-1)))
+        new = generated[-1:]
+    assert len(expected) > 5
+    assert generated == expected
