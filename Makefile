@@ -36,5 +36,9 @@ bench-step: install
 bench-kernels: install
 	$(BIN)/python benchmarks/kernels.py
 
+# Debian's Prometheus + promtool, for the tests in tests/deploy (they skip without it).
+prometheus:
+	command -v prometheus >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
 clean:
 	rm -rf $(VENV) specd/v1

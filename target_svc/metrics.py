@@ -39,6 +39,11 @@ class TargetMetrics:
             "specd_accepted_tokens",
             "Draft tokens the target accepted, by method; acceptance rate = accepted / draft tokens",
             ["method"], registry=r)
+        self.draft_tokens_per_position = Counter(
+            "specd_draft_tokens_per_position",
+            "Draft tokens verified at each 0-based draft position, by method; accepted / draft at a position "
+            "is that position's acceptance rate",
+            ["method", "position"], registry=r)
         self.accepted_per_position = Counter(
             "specd_accepted_tokens_per_position",
             "Draft tokens accepted at each 0-based draft position, by method; per verification step, "

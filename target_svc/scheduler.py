@@ -175,6 +175,8 @@ class Scheduler:
             m.verification_steps.labels(method).inc()
             m.draft_tokens.labels(method).inc(len(draft))
             m.accepted_tokens.labels(method).inc(out.accepted_draft_tokens)
+            for position in range(len(draft)):
+                m.draft_tokens_per_position.labels(method, str(position)).inc()
             for position in range(out.accepted_draft_tokens):
                 m.accepted_per_position.labels(method, str(position)).inc()
         m.output_tokens.labels(method).inc(len(out.token_ids))
