@@ -1,12 +1,11 @@
 """Paged KV cache: fixed-size blocks shared by all sequences.
 
-The allocator only does bookkeeping (which blocks are free, one block table
-per sequence); `KVCache` holds the per-layer K/V pools the slots index into.
+The allocator only does bookkeeping (a free list, one block table per
+sequence); `KVCache` holds the per-layer K/V pools the slots index into.
 """
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 
@@ -15,30 +14,21 @@ class OutOfBlocks(Exception):
     """Not enough free KV blocks for a reservation."""
 
 
-_FREE_RUN = re.compile(b"\x01+")  # a run of free blocks in the allocator's flags
-
-
 class BlockAllocator:
-    """Paged KV bookkeeping: fixed-size blocks, free-block flags, a block table per sequence.
-
-    Blocks are placed so that tables tend to stay contiguous, because attention
-    reads a contiguous table in place instead of gathering it: a sequence grows
-    into the blocks right after its tail while they are free, and otherwise
-    starts a new run inside the largest free run.
-    """
+    """Paged KV bookkeeping: fixed-size blocks, a free list, a block table per sequence."""
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._is_free = bytearray(b"\x01") * num_blocks  # one flag per block
-        self._num_free = num_blocks
+        # A stack popped from the end, so a fresh allocator hands out 0, 1, 2, ...
+        self._free = list(range(num_blocks - 1, -1, -1))
         self._tables: dict[str, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return self._num_free
+        return len(self._free)
 
     def has(self, seq_id: str) -> bool:
         return seq_id in self._tables
@@ -53,20 +43,16 @@ class BlockAllocator:
         return max(0, self._num_blocks_for(length) - have)
 
     def can_reserve(self, seq_id: str, length: int) -> bool:
-        return self.blocks_needed(seq_id, length) <= self._num_free
+        return self.blocks_needed(seq_id, length) <= len(self._free)
 
     def reserve(self, seq_id: str, length: int) -> None:
         """Ensure capacity for `length` total tokens; all or nothing."""
         needed = self.blocks_needed(seq_id, length)
-        if needed > self._num_free:
-            raise OutOfBlocks(f"{seq_id!r} needs {needed} blocks, {self._num_free} free")
+        if needed > len(self._free):
+            raise OutOfBlocks(f"{seq_id!r} needs {needed} blocks, {len(self._free)} free")
         table = self._tables.setdefault(seq_id, [])
-        while needed:
-            start, count = self._next_run(table, needed)
-            for block in range(start, start + count):
-                self._take(block)
-            table.extend(range(start, start + count))
-            needed -= count
+        for _ in range(needed):
+            table.append(self._free.pop())
 
     def truncate(self, seq_id: str, length: int) -> None:
         """Roll back: keep capacity for only `length` tokens, free whole blocks past it."""
@@ -75,11 +61,11 @@ class BlockAllocator:
             return
         keep = self._num_blocks_for(length)
         while len(table) > keep:
-            self._release(table.pop())
+            self._free.append(table.pop())
 
     def free(self, seq_id: str) -> None:
-        for block in self._tables.pop(seq_id, ()):
-            self._release(block)
+        # Reversed, so the table's first block is the next one handed out again.
+        self._free.extend(reversed(self._tables.pop(seq_id, ())))
 
     def block_table(self, seq_id: str) -> list[int]:
         return list(self._tables.get(seq_id, ()))
@@ -92,32 +78,6 @@ class BlockAllocator:
         positions = torch.arange(start, end, dtype=torch.int64)  # [n]
         table = torch.tensor(self._tables.get(seq_id, []), dtype=torch.int64)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
-
-    def _next_run(self, table: list[int], needed: int) -> tuple[int, int]:
-        """Where the next blocks go: (first block, how many), all free and consecutive."""
-        after = table[-1] + 1 if table else self.num_blocks
-        if after < self.num_blocks and self._is_free[after]:
-            start, end = _FREE_RUN.match(self._is_free, after).span()
-        else:
-            start, end = self._new_run(needed)
-        return start, min(needed, end - start)
-
-    def _new_run(self, needed: int) -> tuple[int, int]:
-        """The largest free run, its start moved on by half the room `needed` leaves spare,
-        so that whatever precedes it can grow as well."""
-        start, end = max((m.span() for m in _FREE_RUN.finditer(self._is_free)), key=lambda r: r[1] - r[0])
-        spare = end - start - needed
-        if start == 0 or spare <= 0:
-            return start, end
-        return start + spare // 2, end
-
-    def _take(self, block: int) -> None:
-        self._is_free[block] = 0
-        self._num_free -= 1
-
-    def _release(self, block: int) -> None:
-        self._is_free[block] = 1
-        self._num_free += 1
 
     def _num_blocks_for(self, length: int) -> int:
         return -(-max(length, 0) // self.block_size)

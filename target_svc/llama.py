@@ -37,19 +37,32 @@ class SeqSpan:
     blocks: list[int]  # block table covering start + num_new tokens
 
 
+# Sequences with at most this many new tokens share one padded attention call:
+# for them attention is bound by reading the cached K/V, so padding queries is
+# nearly free, while one call per sequence costs far more (measured on CPU).
+SMALL_QUERY = 64
+
+
 class PagedAttention:
     """Per-forward plan: where new K/V are written and which cached keys each query reads.
 
-    Each sequence attends on its own (no padding). A sequence whose blocks are
-    one contiguous run reads its keys straight from the pool; otherwise its
-    blocks are gathered, a whole block per index, into scratch buffers.
+    Sequences attend in groups, one SDPA call per group: all sequences with at
+    most SMALL_QUERY new tokens together (queries padded to the longest, block
+    tables to the widest), every longer one on its own. A group's blocks are
+    gathered, a whole block per index, into scratch buffers reused by every layer.
     """
 
     def __init__(self, spans: list[SeqSpan], write_slots: torch.Tensor, cache: KVCache, device="cpu"):
         self.cache = cache
         self.block_size = cache.block_size
         self.write_slots = write_slots.to(device)  # [T] cache slot of every new token, in batch order
-        self.seqs = [_SeqPlan.build(span, self.block_size, device) for span in spans]
+        self.num_tokens = sum(s.num_new for s in spans)
+        firsts = [sum(s.num_new for s in spans[:i]) for i in range(len(spans))]  # each span's first row
+        small = [i for i, s in enumerate(spans) if s.num_new <= SMALL_QUERY]
+        members = [small] if small else []
+        members += [[i] for i, s in enumerate(spans) if s.num_new > SMALL_QUERY]
+        self.groups = [_Group.build([spans[i] for i in m], [firsts[i] for i in m], self.block_size, device)
+                       for m in members]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KV, Dh] into the new tokens' slots."""
@@ -58,64 +71,87 @@ class PagedAttention:
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """q [T, H, Dh] -> attention output [T, H * Dh]."""
-        outs, first = [], 0
-        for seq in self.seqs:
-            k, v = self._keys_values(layer, seq)  # [L, KV, Dh] each
-            qs = q[first:first + seq.num_new].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dh]
-            out = F.scaled_dot_product_attention(qs, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-                                                 attn_mask=seq.mask, is_causal=seq.is_causal,
-                                                 enable_gqa=True)  # [1, H, n, Dh]
-            outs.append(out[0].transpose(0, 1).reshape(seq.num_new, -1))
-            first += seq.num_new
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        if len(self.groups) == 1 and self.groups[0].rows == slice(0, self.num_tokens):
+            return self._attend_group(layer, self.groups[0], q)
+        out = q.new_empty(self.num_tokens, q.shape[1] * q.shape[2])
+        for group in self.groups:
+            out[group.dest] = self._attend_group(layer, group, q[group.rows])[group.real]
+        return out
 
-    def _keys_values(self, layer: int, seq: "_SeqPlan") -> tuple[torch.Tensor, torch.Tensor]:
-        k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
-        if seq.first_slot is not None:
-            return (k_pool[seq.first_slot:seq.first_slot + seq.context],
-                    v_pool[seq.first_slot:seq.first_slot + seq.context])
-        k_out, v_out = self.cache.gather_buffers(len(seq.blocks) * self.block_size)
-        for pool, out in ((k_pool, k_out), (v_pool, v_out)):
+    def _attend_group(self, layer: int, group: "_Group", q: torch.Tensor) -> torch.Tensor:
+        """q [G * n, H, Dh] -> [G * n, H * Dh]."""
+        k, v = self._gather(layer, group.blocks)  # [G * width * bs, KV, Dh] each
+        k = k.view(group.num_seqs, -1, *k.shape[1:])[:, :group.context].transpose(1, 2)  # [G, KV, L, Dh]
+        v = v.view(group.num_seqs, -1, *v.shape[1:])[:, :group.context].transpose(1, 2)
+        qg = q.view(group.num_seqs, group.num_queries, *q.shape[1:]).transpose(1, 2)  # [G, H, n, Dh]
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, is_causal=group.is_causal,
+                                             enable_gqa=True)  # [G, H, n, Dh]
+        return out.transpose(1, 2).reshape(group.num_seqs * group.num_queries, -1)
+
+    def _gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's cached K and V for `blocks`, in order: [len(blocks) * bs, KV, Dh] each."""
+        k_out, v_out = self.cache.gather_buffers(len(blocks) * self.block_size)
+        for pool, out in ((self.cache.keys[layer], k_out), (self.cache.values[layer], v_out)):
             per_block = pool.view(-1, self.block_size * pool.shape[1] * pool.shape[2])  # [num_blocks, bs*KV*Dh]
-            torch.index_select(per_block, 0, seq.blocks, out=out.view(len(seq.blocks), -1))
-        return k_out[:seq.context], v_out[:seq.context]
+            torch.index_select(per_block, 0, blocks, out=out.view(len(blocks), -1))
+        return k_out, v_out
 
 
 @dataclass
-class _SeqPlan:
-    num_new: int
-    context: int  # keys to attend over: start + num_new
-    first_slot: int | None  # where the keys start in the pool when the blocks are one run
-    blocks: torch.Tensor | None  # [num_blocks] block table to gather when they are not
-    mask: torch.Tensor | None  # additive [n, L], built once and shared by all layers
-    is_causal: bool  # a prefill from position 0: SDPA's own causal mask is exact
+class _Group:
+    """G sequences attended in one call, each padded to n queries and L keys.
+
+    Row selectors are slices where the rows are consecutive, so the common
+    cases (every sequence alike, or a single one) move no data.
+    """
+    num_seqs: int  # G
+    num_queries: int  # n: the most new tokens of any member
+    context: int  # L: the longest member's start + num_new
+    rows: slice | torch.Tensor  # [G * n] batch rows of the queries; a pad repeats its sequence's last row
+    real: slice | torch.Tensor  # which of the G * n outputs are real
+    dest: slice | torch.Tensor  # the batch rows those real outputs belong to
+    blocks: torch.Tensor  # [G * width] block tables, padded with block 0
+    mask: torch.Tensor | None  # additive [G, 1, n, L], built once and shared by every layer
+    is_causal: bool  # prefills from position 0 of equal length: SDPA's own causal mask is exact
 
     @classmethod
-    def build(cls, span: SeqSpan, block_size: int, device) -> "_SeqPlan":
-        contiguous = all(b == span.blocks[0] + i for i, b in enumerate(span.blocks))
-        context = span.start + span.num_new
+    def build(cls, spans: list[SeqSpan], firsts: list[int], block_size: int, device) -> "_Group":
+        n = max(s.num_new for s in spans)
+        width = max(len(s.blocks) for s in spans)
+        uniform = all(s.num_new == n for s in spans)
+        is_causal = n > 1 and uniform and all(s.start == 0 for s in spans)
+        if uniform and firsts == list(range(firsts[0], firsts[0] + n * len(spans), n)):
+            rows = dest = slice(firsts[0], firsts[0] + n * len(spans))
+            real = slice(None)
+        else:
+            rows = _int64([f + min(i, s.num_new - 1) for s, f in zip(spans, firsts) for i in range(n)], device)
+            real = _int64([b * n + i for b, s in enumerate(spans) for i in range(s.num_new)], device)
+            dest = _int64([f + i for s, f in zip(spans, firsts) for i in range(s.num_new)], device)
+        # Pad tables with block 0: keys past a sequence's own queries' positions are masked.
+        table = [b for s in spans for b in s.blocks + [0] * (width - len(s.blocks))]
         return cls(
-            num_new=span.num_new,
-            context=context,
-            first_slot=span.blocks[0] * block_size if contiguous else None,
-            blocks=None if contiguous else torch.tensor(span.blocks, dtype=torch.int64, device=device),
-            mask=_offset_causal_mask(span.start, span.num_new, device),
-            is_causal=span.start == 0 and span.num_new > 1,
+            num_seqs=len(spans), num_queries=n, context=max(s.start + s.num_new for s in spans),
+            rows=rows, real=real, dest=dest, blocks=_int64(table, device),
+            mask=None if is_causal else _visible_keys(spans, n, device), is_causal=is_causal,
         )
 
 
-def _offset_causal_mask(start: int, num_new: int, device) -> torch.Tensor | None:
-    """Additive mask [n, start + n]: query i (at position start + i) sees keys 0..start+i.
+def _visible_keys(spans: list[SeqSpan], n: int, device) -> torch.Tensor | None:
+    """Additive mask [G, 1, n, L]: query i of a sequence starting at `start` sees keys 0..start+i.
 
-    None where no mask is needed: a single query sees everything, and a
-    prefill from 0 uses SDPA's is_causal.
+    None when nothing is masked: one query per sequence, all with the same context.
     """
-    if num_new == 1 or start == 0:
+    context = max(s.start + s.num_new for s in spans)
+    starts = _int64([s.start for s in spans], device)
+    if n == 1 and bool((starts == context - 1).all()):
         return None
-    query_pos = start + torch.arange(num_new, device=device)  # [n]
-    keys = torch.arange(start + num_new, device=device)  # [L]
-    mask = torch.zeros(num_new, start + num_new, device=device)
-    return mask.masked_fill_(keys[None, :] > query_pos[:, None], float("-inf"))
+    query_pos = starts[:, None] + torch.arange(n, device=device)[None, :]  # [G, n]
+    hidden = torch.arange(context, device=device)[None, None, :] > query_pos[:, :, None]  # [G, n, L]
+    return torch.zeros(hidden.shape, device=device).masked_fill_(hidden, float("-inf")).unsqueeze(1)
+
+
+def _int64(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
 
 
 class Rope:

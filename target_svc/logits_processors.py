@@ -28,14 +28,14 @@ def apply_repetition_penalty(logits: torch.Tensor, rows: list[RowContext]) -> No
         penalty = row.sampling.repetition_penalty
         if penalty == 1.0:
             continue
-        seen = torch.tensor(sorted(set(row.history) | set(row.drafts_before)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(row.history) | set(row.drafts_before)), dtype=torch.long, device=logits.device)
         scores = logits[i, seen]
         logits[i, seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
 
 
 def to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """[R, V] sampling distribution per row (temperature, top-k, top-p); rows must not be greedy."""
-    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype).unsqueeze(1)
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device).unsqueeze(1)
     logits = logits / temperature
     _mask_top_k(logits, [p.top_k for p in params])
     _mask_top_p(logits, [p.top_p for p in params])
@@ -46,7 +46,7 @@ def _mask_top_k(logits: torch.Tensor, top_ks: list[int]) -> None:
     rows = [i for i, k in enumerate(top_ks) if 0 < k < logits.shape[-1]]
     if not rows:
         return
-    ks = torch.tensor([top_ks[i] for i in rows])
+    ks = torch.tensor([top_ks[i] for i in rows], device=logits.device)
     top_values = logits[rows].topk(int(ks.max()), dim=-1).values  # [r, max_k]
     kth = top_values.gather(1, (ks - 1).unsqueeze(1))  # [r, 1]
     logits[rows] = logits[rows].masked_fill(logits[rows] < kth, float("-inf"))
@@ -61,6 +61,6 @@ def _mask_top_p(logits: torch.Tensor, top_ps: list[float]) -> None:
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     # Drop a token once the mass before it already reaches top_p; the top token always stays.
     mass_before = cumulative - sorted_logits.softmax(dim=-1)
-    drop_sorted = mass_before >= torch.tensor([top_ps[i] for i in rows], dtype=sub.dtype).unsqueeze(1)
+    drop_sorted = mass_before >= torch.tensor([top_ps[i] for i in rows], dtype=sub.dtype, device=sub.device).unsqueeze(1)
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
     logits[rows] = sub.masked_fill(drop, float("-inf"))

@@ -67,12 +67,13 @@ def sample_recovered(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
     rejected = (num_accepted < cu_draft_lens[1:] - cu_draft_lens[:-1]).nonzero().squeeze(1)  # [R]
     if rejected.numel():
         drafts = cu_draft_lens[rejected] + num_accepted[rejected]  # [R] the rejected drafts
-        q = None if draft_probs is None else draft_probs[drafts]
-        residual = _residual_(probs[rejected], draft_token_ids[drafts], q)  # [R, V]
-        # Where p <= q leaves no residual mass (no fixed-point weight > 0), p stays: any sample is exact.
-        has_mass = (residual >= 1.0 / PROB_SCALE).any(dim=-1)  # [R]
-        probs[rejected[has_mass]] = residual[has_mass]
-    return _inverse_cdf_sample(_fixed_point(probs), uniform_final)
+        _to_residual_(probs, rejected, draft_token_ids[drafts], None if draft_probs is None else draft_probs[drafts])
+    cdf = _fixed_point(probs).cumsum_(dim=-1)  # [B, V]
+    # Where p <= q leaves no residual mass (no fixed-point weight), draw from p: any sample is exact then.
+    empty = rejected[cdf[rejected, -1] == 0]
+    if empty.numel():
+        cdf[empty] = _fixed_point(target_probs[rows[empty]]).cumsum_(dim=-1)
+    return _inverse_cdf_sample(cdf, uniform_final)
 
 
 def _checking_rows(cu_draft_lens: torch.Tensor, seq_of_draft: torch.Tensor, pos_in_draft: torch.Tensor) -> torch.Tensor:
@@ -88,12 +89,13 @@ def _first_rejection(rejected: torch.Tensor, cu_draft_lens: torch.Tensor, seq_of
     return num_accepted.scatter_reduce(0, seq_of_draft, rejected_pos, reduce="amin")
 
 
-def _residual_(p: torch.Tensor, draft_tokens: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
-    """[R, V] max(0, p - q), computed in p; q None stands for one-hot rows at draft_tokens [R]."""
-    if q is None:
-        minus_one = torch.full_like(draft_tokens, -1, dtype=p.dtype).unsqueeze(1)
-        return p.scatter_add_(1, draft_tokens.unsqueeze(1), minus_one).clamp_min_(0.0)
-    return p.sub_(q).clamp_min_(0.0)
+def _to_residual_(probs: torch.Tensor, rows: torch.Tensor, draft_tokens: torch.Tensor,
+                  q: torch.Tensor | None) -> None:
+    """In place at rows [R] of probs: max(0, p - q); q None stands for one-hot rows at draft_tokens [R]."""
+    if q is None:  # p - 0 = p off the draft token: only R entries change
+        probs[rows, draft_tokens] = (probs[rows, draft_tokens] - 1.0).clamp_min(0.0)
+    else:
+        probs[rows] = probs[rows].sub_(q).clamp_min_(0.0)  # the gather is a copy
 
 
 def _fixed_point(probs: torch.Tensor) -> torch.Tensor:
@@ -101,9 +103,8 @@ def _fixed_point(probs: torch.Tensor) -> torch.Tensor:
     return probs.mul_(PROB_SCALE).long()
 
 
-def _inverse_cdf_sample(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """[B] one token per row of int64 weights [B, V]: the first whose CDF exceeds uniform * total."""
-    cdf = weights.cumsum_(dim=-1)  # [B, V]
+def _inverse_cdf_sample(cdf: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """[B] one token per row of an int64 CDF [B, V]: the first whose CDF exceeds uniform * total."""
     threshold = (uniform.double() * cdf[:, -1].double()).long()  # [B]
     token = torch.searchsorted(cdf, threshold.unsqueeze(1), right=True).squeeze(1)
-    return token.clamp_max(weights.shape[-1] - 1)
+    return token.clamp_max(cdf.shape[-1] - 1)

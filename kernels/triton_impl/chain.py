@@ -130,16 +130,19 @@ def _sample_recovered_kernel(draft_ptr, cu_ptr, target_probs_ptr, draft_probs_pt
     use_residual = rejected & (residual_total > 0)
     total = tl.where(use_residual, residual_total, p_total)
 
-    # Pass 2: the token is the number of CDF entries <= uniform * total (the first one above it).
+    # Pass 2: the token is the first whose CDF exceeds uniform * total; only its block needs the CDF.
     threshold = (tl.load(uniform_ptr + seq).to(tl.float64) * total.to(tl.float64)).to(tl.int64)
-    below = tl.full((), 0, tl.int64)
+    token = tl.full((), 0, tl.int64) + vocab - 1  # stays only if every weight is 0, as the reference's clamp
     carry = tl.full((), 0, tl.int64)
     for start in range(0, vocab, BLOCK_V):
         p, residual = _p_and_residual(p_row, q_row, q_len, draft, start, vocab, HAS_DRAFT_PROBS, BLOCK_V)
         weights = (tl.where(use_residual, residual, p) * PROB_SCALE).to(tl.int64)  # as the reference's
-        below += tl.sum((carry + tl.cumsum(weights, axis=0) <= threshold).to(tl.int64), axis=0)
-        carry += tl.sum(weights, axis=0)
-    tl.store(next_token_ptr + seq, tl.minimum(below, vocab - 1))
+        block_total = tl.sum(weights, axis=0)
+        if (carry <= threshold) & (threshold < carry + block_total):
+            cdf = carry + tl.cumsum(weights, axis=0)
+            token = start + tl.sum((cdf <= threshold).to(tl.int64), axis=0)
+        carry += block_total
+    tl.store(next_token_ptr + seq, token)
 
 
 @triton.jit

@@ -56,7 +56,7 @@ def _tree_accept_kernel(draft_ptr, parent_ptr, cu_ptr, argmax_ptr, num_accepted_
         depth = tl.zeros([BLOCK_N], dtype=tl.int64)
         for _ in range(num_nodes):
             live = at >= 0
-            parent = tl.load(parent_ptr + first + at, mask=live, other=-1)
+            parent = tl.load(parent_ptr + first + at, mask=live, other=-1).to(tl.int64)
             token = tl.load(draft_ptr + first + at, mask=live, other=0)
             target = tl.load(argmax_ptr + root_row + 1 + parent, mask=live, other=0)
             accepted = accepted & ((token == target) | (at < 0))
@@ -78,7 +78,7 @@ def _tree_accept_kernel(draft_ptr, parent_ptr, cu_ptr, argmax_ptr, num_accepted_
         at = tl.zeros([BLOCK_N], dtype=tl.int64) + best_node
         for step in range(num_nodes):
             climb = steps_up > step
-            at = tl.where(climb, tl.load(parent_ptr + first + at, mask=climb, other=-1), at)
+            at = tl.where(climb, tl.load(parent_ptr + first + at, mask=climb, other=-1).to(tl.int64), at)
         tl.store(accepted_nodes_ptr + first + slot, tl.where(steps_up >= 0, at, -1), mask=slot < num_nodes)
 
 
@@ -100,7 +100,8 @@ def _tree_attention_kernel(parent_ptr, cu_ptr, start_pos_ptr, mask_offsets_ptr, 
         for _ in range(num_nodes):
             below_root = at > 0
             depth += below_root.to(tl.int64)
-            at = tl.where(below_root, tl.load(parent_ptr + first + at - 1, mask=below_root, other=-1) + 1, 0)
+            parent_row = tl.load(parent_ptr + first + at - 1, mask=below_root, other=-1).to(tl.int64) + 1
+            at = tl.where(below_root, parent_row, 0)
         tl.store(positions_ptr + root_row + row, start_position + depth, mask=row < width)
 
     # Entry [i, j] of the row-major block: is row j on the walk from row i up past the root?
@@ -114,6 +115,7 @@ def _tree_attention_kernel(parent_ptr, cu_ptr, start_pos_ptr, mask_offsets_ptr, 
         at = tl.where(in_block, i, -1)
         for _ in range(num_nodes):
             below_root = at > 0
-            at = tl.where(below_root, tl.load(parent_ptr + first + at - 1, mask=below_root, other=-1) + 1, -1)
+            parent_row = tl.load(parent_ptr + first + at - 1, mask=below_root, other=-1).to(tl.int64) + 1
+            at = tl.where(below_root, parent_row, -1)  # -1 once past the root
             visible = visible | (at == j)
         tl.store(mask_ptr + mask_start + entry, visible, mask=in_block)

@@ -22,6 +22,7 @@ def test_triton_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("SPECD_KERNELS", None)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                          str(INTERPRETED_TESTS)], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+                          str(INTERPRETED_TESTS)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-2000:]

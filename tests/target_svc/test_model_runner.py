@@ -96,6 +96,28 @@ def test_mixed_batch_matches_transformers(runner, hf_model):
     assert_close(logits, torch.cat([expected["a"][20:24], expected["b"][6:7], expected["c"][23:25]]))
 
 
+def test_lockstep_sequences_match_transformers(runner, hf_model):
+    # Equal prompts, then equal steps: every pass is one call with no padding.
+    seqs = {s: tokens(15, 20 + i) for i, s in enumerate("abc")}
+    expected = torch.stack([reference(hf_model, ids) for ids in seqs.values()])  # [3, 15, V]
+    done = 0
+    for step in (10, 1, 3, 1):
+        logits = runner.forward([SequenceInput(s, ids[done:done + step], done, step) for s, ids in seqs.items()])
+        assert_close(logits, expected[:, done:done + step].flatten(0, 1))
+        done += step
+
+
+def test_long_prefill_between_short_steps(runner, hf_model):
+    # "a" and "b" share one padded attention call across the batch; the 80-token prefill runs alone.
+    seqs = {"a": tokens(12, 12), "b": tokens(20, 13), "c": tokens(80, 14)}
+    expected = {s: reference(hf_model, ids) for s, ids in seqs.items()}
+    runner.forward([SequenceInput("a", seqs["a"][:11], 0, 1), SequenceInput("b", seqs["b"][:17], 0, 1)])
+    batch = [SequenceInput("a", seqs["a"][11:], 11, 1), SequenceInput("c", seqs["c"], 0, 80),
+             SequenceInput("b", seqs["b"][17:], 17, 3)]
+    logits = runner.forward(batch)
+    assert_close(logits, torch.cat([expected["a"][11:], expected["c"], expected["b"][17:]]))
+
+
 @pytest.mark.parametrize("num_new", [1, 3])
 def test_equal_query_lengths_at_different_contexts(runner, hf_model, num_new):
     # Same number of new tokens per sequence: the padded one-call path, with ragged contexts.

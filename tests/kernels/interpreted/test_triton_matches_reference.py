@@ -18,11 +18,12 @@ from kernels import reference, triton_impl  # noqa: E402
 from kernels.testing import random_batch, random_kv_moves  # noqa: E402
 
 # Kept small: the interpreter runs every program of a launch one after another in Python.
+_lengths = random.Random(0)
 SHAPES = {
     "single sequence, k=16": [16],
     "empty drafts": [0, 0, 0],
     "k=16 among empty and short drafts": [16, 0, 3, 16, 1, 0, 7, 16],
-    "256 sequences": [random.Random(0).randint(0, 4) for _ in range(256)],
+    "256 sequences": [_lengths.randint(0, 4) for _ in range(256)],
 }
 VOCAB = 300  # not a power of two: the last block of every vocabulary scan is partial
 
