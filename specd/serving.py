@@ -4,6 +4,7 @@ and the mapping of domain errors to gRPC status codes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -45,52 +46,40 @@ class RpcMetrics:
         self.duration.labels(method).observe(time.perf_counter() - started)
 
 
-def rpc_handler(func: Callable) -> Callable:
-    """Wrap a servicer method (coroutine or async generator): domain errors become
-    gRPC status codes and every call is counted in the servicer's `rpc_metrics`."""
-    name = func.__name__
-
-    async def fail(context, exc: Exception) -> grpc.StatusCode:
+@contextlib.asynccontextmanager
+async def _rpc_scope(metrics: RpcMetrics, method: str, context: grpc.aio.ServicerContext):
+    """Maps domain errors to gRPC status codes and counts the call by its final code."""
+    started, code = time.perf_counter(), grpc.StatusCode.OK
+    try:
+        yield
+    except tuple(_STATUS_OF) as exc:
         code = _STATUS_OF[type(exc)]
         await context.abort(code, str(exc))
-        return code  # abort raises; unreachable
+    except asyncio.CancelledError:
+        code = grpc.StatusCode.CANCELLED
+        raise
+    except Exception:  # context.abort() raises too; then the context holds its code
+        code = context.code() or grpc.StatusCode.INTERNAL
+        raise
+    finally:
+        metrics.observe(method, code, started)
 
+
+def rpc_handler(func: Callable) -> Callable:
+    """Wrap a servicer method (coroutine or async generator) in `_rpc_scope`, with the
+    servicer's `rpc_metrics`."""
     if inspect.isasyncgenfunction(func):
         @functools.wraps(func)
         async def stream_wrapper(self, request, context):
-            started, code = time.perf_counter(), grpc.StatusCode.OK
-            try:
+            async with _rpc_scope(self.rpc_metrics, func.__name__, context):
                 async for item in func(self, request, context):
                     yield item
-            except tuple(_STATUS_OF) as exc:
-                code = _STATUS_OF[type(exc)]
-                await fail(context, exc)
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception:
-                code = grpc.StatusCode.INTERNAL if context.code() is None else context.code()
-                raise
-            finally:
-                self.rpc_metrics.observe(name, code, started)
         return stream_wrapper
 
     @functools.wraps(func)
     async def unary_wrapper(self, request, context):
-        started, code = time.perf_counter(), grpc.StatusCode.OK
-        try:
+        async with _rpc_scope(self.rpc_metrics, func.__name__, context):
             return await func(self, request, context)
-        except tuple(_STATUS_OF) as exc:
-            code = _STATUS_OF[type(exc)]
-            await fail(context, exc)
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            code = grpc.StatusCode.INTERNAL if context.code() is None else context.code()
-            raise
-        finally:
-            self.rpc_metrics.observe(name, code, started)
     return unary_wrapper
 
 

@@ -6,15 +6,27 @@ a drafter can die (and is restarted) without touching the target or gateway.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on right now (bound together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
 
 
 @dataclass
@@ -25,6 +37,11 @@ class StackPorts:
     gateway_metrics: int = 9100
     target_metrics: int = 9101
     drafter_metrics: int = 9102
+
+    @classmethod
+    def free(cls) -> StackPorts:
+        """Free ports for every service: a stack beside any other (tests, benchmarks)."""
+        return cls(*free_ports(len(fields(cls))))
 
 
 @dataclass

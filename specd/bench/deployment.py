@@ -2,7 +2,6 @@
 starts on free loopback ports, with the services' logs kept beside the results."""
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,15 +31,6 @@ class _LoggedStack(Stack):
             self.processes[service] = subprocess.Popen(self.command(service), stdout=log, stderr=subprocess.STDOUT)
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
 
 @contextmanager
 def deployment(gateway: str | None, target: str | None, model: str, threads: int, log_dir: Path
@@ -50,7 +40,7 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
         yield Deployment(gateway, target)
         return
     log_dir.mkdir(parents=True, exist_ok=True)
-    stack = _LoggedStack(model=model, ports=StackPorts(*free_ports(6)), threads=threads, log_dir=log_dir)
+    stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, log_dir=log_dir)
     try:
         try:
             stack.up()

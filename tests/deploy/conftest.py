@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,16 +78,6 @@ def all_queries(panel_queries) -> list[Query]:
 
 # -- a live stack -----------------------------------------------------------------
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 async def _send_requests(address: str) -> None:
     # A prompt the n-gram drafter gets drafts accepted for (it repeats itself), and one plain request.
     prompt = "Repeat after me three times: the quick brown fox jumps over the lazy dog."
@@ -103,7 +92,7 @@ async def _send_requests(address: str) -> None:
 @pytest.fixture(scope="package")
 def stack():
     """gateway + target + n-gram drafter on free loopback ports, after a few requests."""
-    stack = Stack(ports=StackPorts(*free_ports(6)), threads=2)
+    stack = Stack(ports=StackPorts.free(), threads=2)
     try:
         stack.up()
         asyncio.run(_send_requests(stack.address("gateway")))

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import PROMETHEUS_DIR, free_ports
+from specd.stack import free_ports
+
+from .conftest import PROMETHEUS_DIR
 
 PROMETHEUS, PROMTOOL = shutil.which("prometheus"), shutil.which("promtool")
 needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus binary (make prometheus)")

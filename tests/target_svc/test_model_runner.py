@@ -4,6 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from target_svc.kv_cache import OutOfBlocks
+from target_svc.llama import linear
 from target_svc.model_runner import ModelRunner, SequenceInput
 
 ATOL = 1e-4
@@ -47,6 +48,15 @@ def reference(model, ids: list[int]) -> torch.Tensor:
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.shape == expected.shape
     torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 9, 40])
+def test_linear_matches_torch_for_every_row_count(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x, weight = torch.randn(rows, 48, generator=gen), torch.randn(80, 48, generator=gen)
+    out = linear(x, weight)
+    assert out.shape == (rows, 80) and out.is_contiguous()
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
 def test_metadata(runner):
