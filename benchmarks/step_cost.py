@@ -1,6 +1,6 @@
 """Time one target forward over N new tokens at a fixed cached context: specd vs transformers.
 
-    .venv/bin/python benchmarks/step_cost.py [--model DIR] [--context 1000] [--repeats 7] [--threads N]
+    .venv/bin/python benchmarks/step_cost.py [--model DIR] [--context 1000] [--repeats 15] [--threads N]
 
 Both sides run the same weights on the same threads and return logits for
 every new token (what a verification step needs). transformers runs
@@ -18,7 +18,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from specd.model_store import resolve_model
+from specd.model_store import DEFAULT_MODEL, resolve_model
 from target_svc.model_runner import ModelRunner, SequenceInput
 
 NEW_TOKENS = (1, 2, 4, 8, 16, 32)
@@ -28,9 +28,9 @@ WARMUP = 2
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="model dir or name (default: the default model)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="model directory, .gguf file or known name")
     parser.add_argument("--context", type=int, default=1000, help="tokens already cached per sequence")
-    parser.add_argument("--repeats", type=int, default=7, help="timed calls per point (median reported)")
+    parser.add_argument("--repeats", type=int, default=15, help="timed calls per point (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     return parser.parse_args()
 
@@ -105,14 +105,15 @@ def cpu_model() -> str:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = resolve_model(args.model) if args.model else resolve_model()
+    model_dir = resolve_model(args.model)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 1000, (max(BATCH_SIZES), args.context), generator=gen)  # [B, context]
     specd, hf = SpecdSide(model_dir, prompts, args.threads), HFSide(model_dir, prompts)
 
-    print(f"date: {datetime.datetime.now().isoformat(timespec='seconds')}  cpu: {cpu_model()}  "
-          f"torch: {torch.__version__}  threads: {torch.get_num_threads()}  model: {model_dir.name}  "
-          f"context: {args.context}  repeats: {args.repeats} (median, {WARMUP} warm-up)  "
+    print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n- cpu: {cpu_model()}\n"
+          f"- torch: {torch.__version__}, threads: {torch.get_num_threads()}\n"
+          f"- model: {model_dir.name}, context: {args.context} cached tokens per sequence\n"
+          f"- median of {args.repeats} calls after {WARMUP} warm-up, specd and HF alternating; "
           f"ratio = specd / HF\n")
     print("| new tokens | specd 1 seq ms | HF 1 seq ms | ratio | specd 8 seq ms | HF 8 seq ms | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

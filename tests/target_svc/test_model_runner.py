@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from target_svc.kv_cache import OutOfBlocks
-from target_svc.llama import linear
+from target_svc.llama import ONEDNN, linear, onednn_linear, transposed_linear
 from target_svc.model_runner import ModelRunner, SequenceInput
 
 ATOL = 1e-4
@@ -15,7 +15,7 @@ def hf_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
-@pytest.fixture(params=["contiguous", "fragmented"])
+@pytest.fixture(params=["fresh", "fragmented"])
 def runner(request, tiny_model_dir):
     # Small blocks so every test crosses block boundaries.
     runner = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=4)
@@ -25,7 +25,7 @@ def runner(request, tiny_model_dir):
 
 
 def fragment(alloc) -> None:
-    """Leave only every other block free, so no table is contiguous and attention must gather."""
+    """Leave only every other block free, so every block table skips around the pool."""
     fillers = [f"filler{i}" for i in range(alloc.num_blocks)]
     for filler in fillers:
         alloc.reserve(filler, 1)
@@ -50,13 +50,26 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 9, 40])
-def test_linear_matches_torch_for_every_row_count(rows):
-    gen = torch.Generator().manual_seed(rows)
-    x, weight = torch.randn(rows, 48, generator=gen), torch.randn(80, 48, generator=gen)
-    out = linear(x, weight)
+FORMULATIONS = [linear, transposed_linear] + ([onednn_linear] if ONEDNN else [])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("formulation", FORMULATIONS)
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 9, 40, 130])
+def test_every_linear_formulation_matches_torch(formulation, rows, threads):
+    x, weight = random_matrix(rows, 48, seed=rows), random_matrix(80, 48, seed=100 + rows)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # linear's choice depends on it
+    try:
+        out = formulation(x, weight)
+    finally:
+        torch.set_num_threads(before)
     assert out.shape == (rows, 80) and out.is_contiguous()
     torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+def random_matrix(rows: int, cols: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
 
 
 def test_metadata(runner):
