@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, drafters: Drafters, metrics: TargetMetrics,
-                 max_num_seqs: int = 64, max_step_tokens: int = 4096):
+    def __init__(self, runner: ModelRunner, compute_thread: ThreadPoolExecutor, drafters: Drafters,
+                 metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = 4096):
         self._runner = runner
         self._drafters = drafters
         self._metrics = metrics
@@ -40,7 +40,7 @@ class Scheduler:
         # running sequence never runs out of KV memory mid-generation.
         self._promised_blocks: dict[str, int] = {}
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specd-forward")
+        self._compute_thread = compute_thread
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
 
     # -- requests -------------------------------------------------------------
@@ -84,7 +84,7 @@ class Scheduler:
         batch = prefills + decodes
         seq_drafts = [drafts.get(s.request_id, []) for s in batch]
         results = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._forward_and_verify, batch, seq_drafts)
+            self._compute_thread, self._forward_and_verify, batch, seq_drafts)
         for seq, draft, result in zip(batch, seq_drafts, results):
             self._commit(seq, draft, result)
         self._update_gauges()
@@ -183,4 +183,4 @@ class Scheduler:
         seq.last_token_at = now
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._compute_thread.shutdown(wait=True)
