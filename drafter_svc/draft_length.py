@@ -1,7 +1,7 @@
 """How many draft tokens to send: only as many as are expected to pay for their verification.
 
-Verifying 1 + d tokens costs about (1 + c·d) plain decoding steps (c ≈ 0.04 on
-the CPU we measured), and if each draft position is accepted with probability
+Verifying 1 + d tokens costs about (1 + c·d) plain decoding steps (c ≈ 0.12 for
+specd's runner on the 2-core CPU we measured: benchmarks/step_cost.py), and if each draft position is accepted with probability
 a once the previous one was, a step yields 1 + a + a² + … + a^d tokens. We send
 the d that maximises tokens per unit cost; d = 0 (no draft) yields 1 per 1.
 """
@@ -31,9 +31,12 @@ def best_draft_length(acceptance: float, max_tokens: int, draft_token_cost: floa
     return best_length
 
 
+DEFAULT_DRAFT_TOKEN_COST = 0.12
+
+
 @dataclass(frozen=True)
 class DraftLengthPolicy:
-    draft_token_cost: float = 0.04
+    draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST
     # Pseudo-observations the match-length prior is worth: small, so the sequence's own record dominates quickly.
     prior_weight: float = 0.5
 

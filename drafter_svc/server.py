@@ -1,7 +1,7 @@
 """Build and run the drafter service: one proposer behind specd.v1.Drafter, plus health, reflection and /metrics."""
 from __future__ import annotations
 
-from drafter_svc.draft_length import DraftLengthPolicy
+from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST, DraftLengthPolicy
 from drafter_svc.metrics import DrafterMetrics
 from drafter_svc.proposer import PROPOSERS
 from drafter_svc.sequences import SequenceRegistry
@@ -13,7 +13,7 @@ DRAFTER_SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_n
 
 
 def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
-                   metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = 0.04) -> Service:
+                   metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST) -> Service:
     """A drafter service for `method` (not started). Port 0 in either address picks a free port."""
     if method not in PROPOSERS:
         raise ValueError(f"unknown drafter method {method!r}; this drafter serves {', '.join(PROPOSERS)}")
@@ -25,6 +25,6 @@ def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
 
 
 async def serve(method: str = "ngram", address: str = "127.0.0.1:50061",
-                metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = 0.04) -> None:
+                metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST) -> None:
     """Run the drafter until SIGTERM or SIGINT, then shut down gracefully."""
     await serve_until_signalled(create_service(method, address, metrics_address, draft_token_cost))

@@ -11,6 +11,7 @@ import grpc
 
 from specd import top
 from specd.bench import cli as bench_cli
+from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST
 from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
@@ -83,8 +84,9 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     gateway.add_argument("--target", default=DEFAULT_ADDRESSES["target"][0], help="target service address")
     drafter.add_argument("--method", default="ngram", help="proposer to serve (default ngram)")
-    drafter.add_argument("--draft-token-cost", type=float, default=0.04,
-                         help="cost of verifying one more draft token, as a fraction of a one-token step (default 0.04)")
+    drafter.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
+                         help="cost of verifying one more draft token, as a fraction of a one-token step "
+                              f"(default {DEFAULT_DRAFT_TOKEN_COST})")
 
     gen = commands.add_parser("generate", help="stream text from a running gateway")
     gen.add_argument("prompt", help="prompt text (a user message with --chat)")

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def started(metrics_address=None):
-    service = create_service(address="127.0.0.1:0", metrics_address=metrics_address)
+    service = create_service(address="127.0.0.1:0", metrics_address=metrics_address, draft_token_cost=0.04)
     await service.start()
     return service
 
