@@ -15,22 +15,25 @@ from specd.types import SamplingParams
 
 
 @dataclass(frozen=True)
-class RowContext:
-    """What one verification row needs to be processed: its sequence's params and history."""
-    sampling: SamplingParams
+class PenalizedRows:
+    """One sequence's verification block, as the repetition penalty needs it."""
+    first_row: int  # row of the block in the batch's logits
+    penalty: float
     history: list[int]  # committed tokens (prompt + output)
-    drafts_before: list[int]  # drafts between the committed tokens and this row
+    drafts: list[int]  # row first_row + j comes after drafts[:j]
 
 
-def apply_repetition_penalty(logits: torch.Tensor, rows: list[RowContext]) -> None:
+def apply_repetition_penalty(logits: torch.Tensor, blocks: list[PenalizedRows]) -> None:
     """In place: a token seen before has its logit divided (if > 0) or multiplied (if < 0) by the penalty."""
-    for i, row in enumerate(rows):
-        penalty = row.sampling.repetition_penalty
-        if penalty == 1.0:
-            continue
-        seen = torch.tensor(sorted(set(row.history) | set(row.drafts_before)), dtype=torch.long, device=logits.device)
-        scores = logits[i, seen]
-        logits[i, seen] = torch.where(scores > 0, scores / penalty, scores * penalty)
+    for block in blocks:
+        seen = set(block.history)  # once per sequence; each row adds the draft before it
+        for j in range(len(block.drafts) + 1):
+            if j:
+                seen.add(block.drafts[j - 1])
+            row = block.first_row + j
+            ids = torch.tensor(sorted(seen), dtype=torch.long, device=logits.device)
+            scores = logits[row, ids]
+            logits[row, ids] = torch.where(scores > 0, scores / block.penalty, scores * block.penalty)
 
 
 def to_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

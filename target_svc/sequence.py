@@ -28,7 +28,6 @@ class Sequence:
     speculative: SpeculativeConfig
     max_tokens: int  # resolved: never past the context end
     eos_token_ids: frozenset[int]
-    output: list[int] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived_at: float = field(default_factory=time.perf_counter)
@@ -37,26 +36,28 @@ class Sequence:
     aborted: bool = False
 
     def __post_init__(self):
+        # Prompt + output in one list that only grows: the decode step reads it every step.
+        self.tokens: list[int] = list(self.prompt)
         self.usage.prompt_tokens = len(self.prompt)
         self.generator = torch.Generator()
         self.generator.manual_seed(self.sampling.seed if self.sampling.seed is not None else torch.seed())
 
     @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def num_output(self) -> int:
+        return len(self.tokens) - len(self.prompt)
 
     @property
     def num_cached(self) -> int:
         """Tokens whose KV entries are committed: all but the newest, which the next step feeds in."""
-        return len(self.prompt) + len(self.output) - 1
+        return len(self.tokens) - 1
 
     @property
     def in_prefill(self) -> bool:
-        return not self.output
+        return self.num_output == 0
 
     @property
     def remaining(self) -> int:
-        return self.max_tokens - len(self.output)
+        return self.max_tokens - self.num_output
 
     def draft_budget(self) -> int:
         """The most drafts worth verifying this step: never past max_tokens (the step adds one more)."""
@@ -74,8 +75,8 @@ class Sequence:
         if len(new_tokens) >= self.remaining and reason == common_pb2.FINISH_REASON_UNSPECIFIED:
             new_tokens, reason = new_tokens[:self.remaining], common_pb2.FINISH_REASON_LENGTH
         accepted = min(accepted, len(new_tokens))
-        self.output.extend(new_tokens)
-        self.usage.completion_tokens = len(self.output)
+        self.tokens.extend(new_tokens)
+        self.usage.completion_tokens = self.num_output
         self.usage.verification_steps += 1
         self.usage.draft_tokens += num_drafts
         self.usage.accepted_draft_tokens += accepted

@@ -12,7 +12,7 @@ import torch
 
 import kernels
 from specd.types import SamplingParams
-from target_svc.logits_processors import RowContext, apply_repetition_penalty, to_probs
+from target_svc.logits_processors import PenalizedRows, apply_repetition_penalty, to_probs
 
 
 @dataclass
@@ -35,10 +35,10 @@ class VerifyResult:
 
 def verify(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
     """logits [sum(len(drafts) + 1), V], rows in batch order."""
-    rows = [RowContext(item.sampling, item.history, item.drafts[:j])
-            for item in batch for j in range(len(item.drafts) + 1)]
-    apply_repetition_penalty(logits, rows)
     row_offsets = _cumsum([len(item.drafts) + 1 for item in batch])
+    apply_repetition_penalty(logits, [PenalizedRows(row_offsets[i], item.sampling.repetition_penalty,
+                                                    item.history, item.drafts)
+                                      for i, item in enumerate(batch) if item.sampling.repetition_penalty != 1.0])
     greedy = [i for i, item in enumerate(batch) if item.sampling.greedy]
     sampled = [i for i, item in enumerate(batch) if not item.sampling.greedy]
     results: dict[int, VerifyResult] = {}
@@ -81,6 +81,8 @@ def _flat_drafts(batch: list[VerifyInput], device: torch.device) -> tuple[torch.
 
 
 def _rows_of(logits: torch.Tensor, row_offsets: list[int], seqs: list[int]) -> torch.Tensor:
+    if len(seqs) == len(row_offsets) - 1:
+        return logits  # the whole batch: no copy
     index = torch.cat([torch.arange(row_offsets[i], row_offsets[i + 1]) for i in seqs])
     return logits[index]
 

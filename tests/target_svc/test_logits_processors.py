@@ -2,26 +2,25 @@
 import torch
 
 from specd.types import SamplingParams
-from target_svc.logits_processors import RowContext, apply_repetition_penalty, to_probs
+from target_svc.logits_processors import PenalizedRows, apply_repetition_penalty, to_probs
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([[2.0, -2.0, 1.0]])
-    apply_repetition_penalty(logits, [RowContext(SamplingParams(repetition_penalty=2.0), [0, 1], [])])
+    apply_repetition_penalty(logits, [PenalizedRows(0, 2.0, [0, 1], [])])
     assert logits.tolist() == [[1.0, -4.0, 1.0]]
 
 
 def test_repetition_penalty_treats_earlier_drafts_as_accepted():
-    params = SamplingParams(repetition_penalty=2.0)
     logits = torch.tensor([[4.0, 4.0, 4.0], [4.0, 4.0, 4.0]])
-    apply_repetition_penalty(logits, [RowContext(params, [0], []), RowContext(params, [0], [2])])
+    apply_repetition_penalty(logits, [PenalizedRows(0, 2.0, [0], [2])])
     assert logits.tolist() == [[2.0, 4.0, 4.0], [2.0, 4.0, 2.0]]
 
 
-def test_no_penalty_leaves_logits_alone():
-    logits = torch.tensor([[1.0, 2.0]])
-    apply_repetition_penalty(logits, [RowContext(SamplingParams(), [0, 1], [1])])
-    assert logits.tolist() == [[1.0, 2.0]]
+def test_rows_outside_penalized_blocks_are_left_alone():
+    logits = torch.tensor([[1.0, 2.0], [1.0, 2.0]])
+    apply_repetition_penalty(logits, [PenalizedRows(1, 2.0, [1], [])])
+    assert logits.tolist() == [[1.0, 2.0], [1.0, 1.0]]
 
 
 def test_temperature_scales_before_softmax():
