@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from specd.serving import RpcMetrics
+from specd.rpc import RpcMetrics
 
 
 class DrafterMetrics:
@@ -12,6 +12,11 @@ class DrafterMetrics:
         self.rpc = RpcMetrics(self.registry)
         self.sequences = Gauge("specd_drafter_sequences", "Sequences whose committed tokens this drafter holds",
                                registry=self.registry)
+        self.tokens_held = Gauge("specd_drafter_tokens_held", "Committed tokens this drafter holds, all sequences",
+                                 registry=self.registry)
+        self.evictions = Counter("specd_drafter_evictions",
+                                 "Sequences dropped without a Release: idle too long, or the least recently used "
+                                 "when over --max-sequences / --max-tokens-held", ["reason"], registry=self.registry)
         # One service serves one method, so every labelled series is bound to it here.
         self.proposals = Counter("specd_drafter_proposals", "Sequences the proposer was asked to draft for",
                                  ["method"], registry=self.registry).labels(method)

@@ -11,7 +11,8 @@ from typing import Callable, Protocol
 from drafter_svc.draft_length import DraftLengthPolicy
 from drafter_svc.ngram import NgramProposer
 from drafter_svc.sequences import SequenceState
-from specd.types import MAX_SPECULATIVE_TOKENS, InvalidArgument
+from specd.errors import InvalidArgument
+from specd.types import MAX_SPECULATIVE_TOKENS
 from specd.v1 import drafter_pb2
 
 

@@ -1,11 +1,16 @@
 """What the drafter keeps per sequence: its committed tokens, kept in sync with
-the target by idempotent updates, and how well recent drafts fared."""
+the target by idempotent updates, and how well recent drafts fared. The registry
+of them is bounded, because the target's Release may never arrive (it died)."""
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from specd.types import InvalidArgument
+from specd import defaults
+from specd.errors import InvalidArgument, check_length
+from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_SEQUENCE_ID_CHARS
 from specd.v1 import drafter_pb2
 
 
@@ -20,8 +25,13 @@ class SequenceUpdate:
     def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str) -> SequenceUpdate:
         if not pb.sequence_id:
             raise InvalidArgument(f"{field_prefix}.sequence_id", "must not be empty")
+        check_length(f"{field_prefix}.sequence_id", pb.sequence_id, MAX_SEQUENCE_ID_CHARS, "characters")
         if pb.start_position < 0:
             raise InvalidArgument(f"{field_prefix}.start_position", f"must be >= 0, got {pb.start_position}")
+        if pb.start_position + len(pb.appended_token_ids) > MAX_DRAFTER_SEQUENCE_TOKENS:
+            raise InvalidArgument(f"{field_prefix}.appended_token_ids",
+                                  f"a sequence holds at most {MAX_DRAFTER_SEQUENCE_TOKENS} tokens, this one would "
+                                  f"hold {pb.start_position + len(pb.appended_token_ids)}")
         return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids))
 
 
@@ -47,6 +57,7 @@ class SequenceState:
     def __init__(self, sequence_id: str):
         self.sequence_id = sequence_id
         self.tokens: list[int] = []
+        self.last_used_at = 0.0
         # Bumped whenever held tokens are dropped or replaced, so incremental indexes know to rebuild.
         self.epoch = 0
         self.acceptance = AcceptanceHistory()
@@ -91,10 +102,19 @@ class SequenceState:
 
 
 class SequenceRegistry:
-    """Every sequence this drafter tracks, by id."""
+    """Every sequence this drafter tracks, by id, least recently used first. Bounded: sequences idle
+    for longer than `idle_timeout_s`, and the least recently used ones past `max_sequences` or
+    `max_tokens_held`, are evicted (one still running is resent by the target when it asks)."""
 
-    def __init__(self):
-        self._states: dict[str, SequenceState] = {}
+    def __init__(self, max_sequences: int = defaults.DRAFTER_MAX_SEQUENCES,
+                 max_tokens_held: int = defaults.DRAFTER_MAX_TOKENS_HELD,
+                 idle_timeout_s: float = defaults.DRAFTER_IDLE_TIMEOUT_S, clock: Callable[[], float] = time.monotonic):
+        self._states: OrderedDict[str, SequenceState] = OrderedDict()
+        self.max_sequences = max_sequences
+        self.max_tokens_held = max_tokens_held
+        self.idle_timeout_s = idle_timeout_s
+        self._clock = clock
+        self.tokens_held = 0
 
     def __len__(self) -> int:
         return len(self._states)
@@ -103,10 +123,32 @@ class SequenceRegistry:
         """The sequence's state after the update, or None when the target must resend it from position 0."""
         state = self._states.get(update.sequence_id)
         if state is None:
-            if update.start_position > 0:  # we never saw it, or restarted since
+            if update.start_position > 0:  # we never saw it, restarted since, or evicted it
                 return None
             state = self._states[update.sequence_id] = SequenceState(update.sequence_id)
-        return state if state.apply(update.start_position, update.appended_token_ids) else None
+        self._states.move_to_end(update.sequence_id)
+        state.last_used_at = self._clock()
+        held = len(state.tokens)
+        applied = state.apply(update.start_position, update.appended_token_ids)
+        self.tokens_held += len(state.tokens) - held
+        return state if applied else None
 
     def release(self, sequence_id: str) -> SequenceState | None:
-        return self._states.pop(sequence_id, None)
+        state = self._states.pop(sequence_id, None)
+        if state is not None:
+            self.tokens_held -= len(state.tokens)
+        return state
+
+    def evict(self) -> list[tuple[SequenceState, str]]:
+        """Drop what is over the bounds, oldest first; each dropped state with why ("idle" or "capacity")."""
+        evicted, idle_before = [], self._clock() - self.idle_timeout_s
+        while self._states:
+            oldest = next(iter(self._states.values()))
+            if oldest.last_used_at < idle_before:
+                reason = "idle"
+            elif len(self._states) > self.max_sequences or self.tokens_held > self.max_tokens_held:
+                reason = "capacity"
+            else:
+                break
+            evicted.append((self.release(oldest.sequence_id), reason))
+        return evicted

@@ -6,6 +6,7 @@ from drafter_svc.metrics import DrafterMetrics
 from drafter_svc.proposer import PROPOSERS
 from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.servicer import DrafterServicer
+from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
@@ -13,18 +14,21 @@ DRAFTER_SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_n
 
 
 def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
-                   metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST) -> Service:
-    """A drafter service for `method` (not started). Port 0 in either address picks a free port."""
+                   metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST,
+                   sequences: SequenceRegistry | None = None) -> Service:
+    """A drafter service for `method` (not started). Port 0 in either address picks a free port.
+    `sequences` bounds the per-sequence state (default: SequenceRegistry's bounds)."""
     if method not in PROPOSERS:
         raise ValueError(f"unknown drafter method {method!r}; this drafter serves {', '.join(PROPOSERS)}")
     proposer = PROPOSERS[method](DraftLengthPolicy(draft_token_cost))
     metrics = DrafterMetrics(method)
-    servicer = DrafterServicer(proposer, SequenceRegistry(), metrics)
+    servicer = DrafterServicer(proposer, sequences or SequenceRegistry(), metrics)
     spec = ServiceSpec(drafter_pb2_grpc.add_DrafterServicer_to_server, servicer, DRAFTER_SERVICE_NAME)
     return Service(f"drafter[{method}]", [spec], address, metrics_address, metrics.registry)
 
 
 async def serve(method: str = "ngram", address: str = "127.0.0.1:50061",
-                metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST) -> None:
+                metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST,
+                sequences: SequenceRegistry | None = None, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
     """Run the drafter until SIGTERM or SIGINT, then shut down gracefully."""
-    await serve_until_signalled(create_service(method, address, metrics_address, draft_token_cost))
+    await serve_until_signalled(create_service(method, address, metrics_address, draft_token_cost, sequences), grace)

@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from drafter_svc.metrics import DrafterMetrics
 from drafter_svc.proposer import DraftParams, Proposer
 from drafter_svc.sequences import SequenceRegistry, SequenceUpdate
-from specd.serving import rpc_handler
-from specd.types import InvalidArgument
+from specd.rpc import rpc_handler
+from specd.errors import InvalidArgument, check_length
+from specd.limits import MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 
@@ -33,6 +34,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     @rpc_handler
     async def Release(self, request: drafter_pb2.ReleaseRequest, context) -> drafter_pb2.ReleaseResponse:
+        check_length("sequence_ids", request.sequence_ids, MAX_RELEASE_SEQUENCES)
         await asyncio.get_running_loop().run_in_executor(self._worker, self._release, list(request.sequence_ids))
         return drafter_pb2.ReleaseResponse()
 
@@ -43,7 +45,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         drafts = self._proposer.propose(batch)
         self._metrics.observe_drafts(drafts, time.perf_counter() - started)
         self._metrics.resyncs.inc(len(states) - len(batch))
-        self._metrics.sequences.set(len(self._sequences))
+        self._evict()
         next_draft = iter(drafts).__next__  # drafts come in batch order, which skips the resyncs
         return [drafter_pb2.Draft(sequence_id=update.sequence_id, resync_needed=True) if state is None
                 else drafter_pb2.Draft(sequence_id=update.sequence_id, token_ids=next_draft())
@@ -54,11 +56,23 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             state = self._sequences.release(sequence_id)
             if state is not None:
                 self._proposer.release(state)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Keep the state within its bounds, and say how big it is."""
+        for state, reason in self._sequences.evict():
+            self._proposer.release(state)
+            self._metrics.evictions.labels(reason).inc()
         self._metrics.sequences.set(len(self._sequences))
+        self._metrics.tokens_held.set(self._sequences.tokens_held)
 
 
 def _parse_updates(request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, DraftParams]]:
     """Every entry, validated before any state changes, so a bad request leaves no trace."""
+    check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
+    total = sum(len(pb.appended_token_ids) for pb in request.sequences)
+    if total > MAX_PROPOSE_TOKENS:
+        raise InvalidArgument("sequences", f"at most {MAX_PROPOSE_TOKENS} appended_token_ids in all, got {total}")
     parsed, seen = [], set()
     for i, pb in enumerate(request.sequences):
         field = f"sequences[{i}]"

@@ -5,7 +5,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from specd.serving import RpcMetrics
+from specd.rpc import RpcMetrics
 
 _LATENCY_BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 2.5, 5, 10, 30, 60, 120)
 

@@ -10,6 +10,9 @@ import grpc
 from gateway.metrics import GatewayMetrics
 from gateway.servicer import GenerationServicer
 from gateway.tokenizer import Tokenizer
+from specd.health import UpstreamHealth
+from specd.rpc import insecure_channel
+from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import generation_pb2, generation_pb2_grpc, target_pb2, target_pb2_grpc
@@ -21,45 +24,57 @@ TARGET_STARTUP_TIMEOUT_S = 60.0
 
 
 class GatewayService(Service):
-    """The gRPC server plus its channel to the target, closed when the server stops."""
+    """The gRPC server plus its channel to the target; reports NOT_SERVING while the target is down."""
 
-    def __init__(self, servicer: GenerationServicer, target_channel: grpc.aio.Channel, address: str,
-                 metrics_address: str | None, metrics: GatewayMetrics):
+    def __init__(self, tokenizer: Tokenizer, target_channel: grpc.aio.Channel, target_address: str,
+                 model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, upstream_timeout_s: float,
+                 address: str, metrics_address: str | None):
+        self.metrics = GatewayMetrics()
+        self._target_channel = target_channel
+        self._target_health = UpstreamHealth(f"target at {target_address}", target_channel, self.set_serving)
+        servicer = GenerationServicer(tokenizer, target_pb2_grpc.TargetStub(target_channel), self._target_health,
+                                      model_info, default_speculative, self.metrics, upstream_timeout_s)
         spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
                            generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)
-        super().__init__("gateway", [spec], address, metrics_address, metrics.registry)
-        self.metrics = metrics
-        self._target_channel = target_channel
+        super().__init__("gateway", [spec], address, metrics_address, self.metrics.registry)
 
-    async def stop(self, grace: float = 5.0) -> None:
+    async def start(self) -> None:
+        await super().start()
+        self._target_health.start()
+
+    async def stop(self, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
+        await self._target_health.stop()
         await super().stop(grace)
         await self._target_channel.close()
 
 
 async def create_service(model: str, target_address: str, address: str = "127.0.0.1:50051",
                          metrics_address: str | None = "127.0.0.1:9100",
-                         default_speculative: SpeculativeConfig = SpeculativeConfig()) -> GatewayService:
+                         default_speculative: SpeculativeConfig = SpeculativeConfig(),
+                         upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S) -> GatewayService:
     """A gateway for `model`'s tokenizer in front of the target at `target_address`, not yet started."""
     tokenizer = await asyncio.to_thread(Tokenizer.load, model)
-    channel = grpc.aio.insecure_channel(target_address)
+    channel = insecure_channel(target_address)
     try:
-        target = target_pb2_grpc.TargetStub(channel)
-        model_info = await fetch_model_info(target, target_address, TARGET_STARTUP_TIMEOUT_S)
+        model_info = await fetch_model_info(target_pb2_grpc.TargetStub(channel), target_address,
+                                            TARGET_STARTUP_TIMEOUT_S)
         # Checked once here: a default the target cannot serve would fail every request.
         default_speculative.validate(list(model_info.methods))
     except BaseException:
         await channel.close()
         raise
-    metrics = GatewayMetrics()
-    servicer = GenerationServicer(tokenizer, target, model_info, default_speculative, metrics)
-    return GatewayService(servicer, channel, address, metrics_address, metrics)
+    return GatewayService(tokenizer, channel, target_address, model_info, default_speculative, upstream_timeout_s,
+                          address, metrics_address)
 
 
 async def serve(model: str, target_address: str, address: str = "127.0.0.1:50051",
                 metrics_address: str | None = "127.0.0.1:9100",
-                default_speculative: SpeculativeConfig = SpeculativeConfig()) -> None:
-    service = await create_service(model, target_address, address, metrics_address, default_speculative)
-    await serve_until_signalled(service)
+                default_speculative: SpeculativeConfig = SpeculativeConfig(),
+                upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
+                grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
+    service = await create_service(model, target_address, address, metrics_address, default_speculative,
+                                   upstream_timeout_s)
+    await serve_until_signalled(service, grace)
 
 
 async def fetch_model_info(target: target_pb2_grpc.TargetStub, target_address: str,

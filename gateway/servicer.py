@@ -13,7 +13,9 @@ from gateway.metrics import GatewayMetrics, RequestObserver
 from gateway.stop_strings import StopStringMatcher
 from gateway.tokenizer import Tokenizer
 from gateway.validation import GenerationOptions, check_prompt_fits, validate_request
-from specd.serving import rpc_handler
+from specd.errors import Unavailable
+from specd.health import UpstreamHealth
+from specd.rpc import rpc_handler
 from specd.types import FINISH_REASON_NAMES, SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2, target_pb2_grpc
 
@@ -21,21 +23,29 @@ log = logging.getLogger(__name__)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, tokenizer: Tokenizer, target_stub: target_pb2_grpc.TargetStub,
-                 model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, metrics: GatewayMetrics):
+    def __init__(self, tokenizer: Tokenizer, target_stub: target_pb2_grpc.TargetStub, target_health: UpstreamHealth,
+                 model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, metrics: GatewayMetrics,
+                 upstream_timeout_s: float):
         self._tokenizer = tokenizer
         self._target = target_stub
+        self._target_health = target_health
         self._model_info = model_info
+        self._max_prompt_chars = model_info.max_context_length * tokenizer.max_token_chars
         self._default_speculative = default_speculative
         self._metrics = metrics
+        self._upstream_timeout_s = upstream_timeout_s
         self.rpc_metrics = metrics.rpc_metrics
 
     @rpc_handler
     async def Generate(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         started = time.perf_counter()
-        options = validate_request(request, self._default_speculative, self._model_info.methods)
+        options = validate_request(request, self._default_speculative, self._model_info.methods,
+                                   self._max_prompt_chars)
+        if not self._target_health.serving:  # fail now rather than wait on a target known to be down
+            raise Unavailable(f"target service unavailable: {self._target_health.last_problem}")
         prompt_token_ids = await self._encode(request)
-        upstream = self._target.Generate(_target_request(request, prompt_token_ids, options))
+        upstream = self._target.Generate(_target_request(request, prompt_token_ids, options),
+                                         timeout=self._upstream_timeout(context))
         # However this RPC ends (client cancel included), the target must free the sequence.
         context.add_done_callback(lambda _: upstream.cancel())
         observer = self._metrics.observe_request(len(prompt_token_ids), started)
@@ -43,7 +53,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         with self._metrics.requests_running.track_inprogress():
             try:
                 async for chunk in upstream:
-                    response = responses.respond(chunk)
+                    response = await asyncio.to_thread(responses.respond, chunk)  # detokenizing, off the loop
                     yield response
                     if response.finish_reason:
                         break
@@ -51,6 +61,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 await _abort_like(context, error)
             finally:
                 upstream.cancel()  # a stop string ended the stream early; a no-op if the target finished
+
+    def _upstream_timeout(self, context: grpc.aio.ServicerContext) -> float:
+        """The gateway's own bound on a request, or less when the client's deadline comes sooner."""
+        client_remaining = context.time_remaining()
+        return self._upstream_timeout_s if client_remaining is None else min(self._upstream_timeout_s,
+                                                                              client_remaining)
 
     async def _encode(self, request: generation_pb2.GenerateRequest) -> list[int]:
         """Prompt token ids, tokenized off the event loop (long prompts take milliseconds)."""
@@ -79,6 +95,8 @@ async def _abort_like(context: grpc.aio.ServicerContext, error: grpc.aio.AioRpcE
     details = error.details() or ""
     if error.code() == grpc.StatusCode.UNAVAILABLE:
         details = f"target service unavailable: {details}"
+    elif error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        details = "the request did not finish within its deadline (the client's, or the gateway's --upstream-timeout)"
     await context.abort(error.code(), details)
 
 

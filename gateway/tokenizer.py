@@ -13,6 +13,9 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer: PreTrainedTokenizerBase):
         self._hf = hf_tokenizer
+        # No token stands for more characters of text than its own spelling has (a byte-level
+        # token spells each byte as one character), so text longer than tokens x this cannot fit.
+        self.max_token_chars = max(map(len, hf_tokenizer.get_vocab()))
 
     @classmethod
     def load(cls, model: str) -> Tokenizer:

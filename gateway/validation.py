@@ -1,14 +1,16 @@
-"""Checks of a GenerateRequest; each failure names the offending field."""
+"""Checks of a GenerateRequest; each failure names the offending field. Every check here is cheap
+and runs before the prompt is tokenized, so an oversized request costs the gateway nothing."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specd.types import InvalidArgument, SamplingParams, SpeculativeConfig
+from specd.errors import InvalidArgument, check_length
+from specd.limits import MAX_CHAT_MESSAGES, MAX_REQUEST_ID_CHARS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from specd.types import SamplingParams, SpeculativeConfig
 from specd.v1 import generation_pb2
 
 CHAT_ROLES = ("system", "user", "assistant")
-MAX_STOP_STRINGS = 16
 
 
 @dataclass(frozen=True)
@@ -20,10 +22,12 @@ class GenerationOptions:
 
 
 def validate_request(request: generation_pb2.GenerateRequest, default_speculative: SpeculativeConfig,
-                     served_methods: Sequence[str]) -> GenerationOptions:
+                     served_methods: Sequence[str], max_prompt_chars: int) -> GenerationOptions:
     """Everything that can be checked before tokenizing; the speculative config is the deployment's
-    default with the request's fields on top."""
-    check_input(request)
+    default with the request's fields on top. `max_prompt_chars`: longer input cannot fit the
+    context whatever it tokenizes to."""
+    check_length("request_id", request.request_id, MAX_REQUEST_ID_CHARS, "characters")
+    check_input(request, max_prompt_chars)
     sampling = SamplingParams.from_pb(request.sampling)
     sampling.validate()
     speculative = default_speculative.merged_with(request.speculative)
@@ -31,25 +35,35 @@ def validate_request(request: generation_pb2.GenerateRequest, default_speculativ
     return GenerationOptions(sampling, speculative, check_stop_strings(request.stop))
 
 
-def check_input(request: generation_pb2.GenerateRequest) -> None:
+def check_input(request: generation_pb2.GenerateRequest, max_prompt_chars: int) -> None:
     if request.WhichOneof("input") != "chat":
         if not request.prompt:
             raise InvalidArgument("prompt", "must not be empty (or send chat.messages instead)")
+        _check_prompt_chars("prompt", len(request.prompt), max_prompt_chars)
         return
-    if not request.chat.messages:
+    messages = request.chat.messages
+    if not messages:
         raise InvalidArgument("chat.messages", "must not be empty")
-    for i, message in enumerate(request.chat.messages):
+    check_length("chat.messages", messages, MAX_CHAT_MESSAGES)
+    for i, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
             raise InvalidArgument(f"chat.messages[{i}].role",
                                   f"unknown role {message.role!r}; use one of {', '.join(CHAT_ROLES)}")
+    _check_prompt_chars("chat.messages", sum(len(m.content) for m in messages), max_prompt_chars)
+
+
+def _check_prompt_chars(input_field: str, num_chars: int, max_prompt_chars: int) -> None:
+    if num_chars > max_prompt_chars:
+        raise InvalidArgument(input_field, f"too long: {num_chars} characters cannot fit the model's context "
+                                           f"(at most {max_prompt_chars})")
 
 
 def check_stop_strings(stop: Sequence[str]) -> tuple[str, ...]:
-    if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidArgument("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+    check_length("stop", stop, MAX_STOP_STRINGS, "stop strings")
     for i, stop_string in enumerate(stop):
         if not stop_string:
             raise InvalidArgument(f"stop[{i}]", "must not be empty")
+        check_length(f"stop[{i}]", stop_string, MAX_STOP_STRING_CHARS, "characters")
     return tuple(stop)
 
 

@@ -14,6 +14,7 @@ from specd.bench import cli as bench_cli
 from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST
 from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
+from specd import defaults
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 
@@ -24,9 +25,9 @@ DEFAULT_ADDRESSES = {
 }
 
 
-def _add_speculative_flags(parser: argparse.ArgumentParser, defaults: bool) -> None:
+def _add_speculative_flags(parser: argparse.ArgumentParser, with_defaults: bool) -> None:
     """Speculative settings; for `generate` unset flags defer to the deployment's defaults."""
-    d = SpeculativeConfig() if defaults else None
+    d = SpeculativeConfig() if with_defaults else None
     group = parser.add_argument_group("speculative decoding")
     group.add_argument("--method", default=d and d.method,
                        help="none | ngram" + (f" (default {d.method})" if d else " (default: the server's)"))
@@ -68,11 +69,14 @@ def _build_parser() -> argparse.ArgumentParser:
         sub = services.add_parser(name, help=f"the {name} service")
         sub.add_argument("--listen", default=address, help=f"gRPC address (default {address})")
         sub.add_argument("--metrics-listen", default=metrics, help=f"Prometheus /metrics address (default {metrics})")
+        sub.add_argument("--shutdown-grace", type=float, default=defaults.SHUTDOWN_GRACE_S, metavar="SECONDS",
+                         help="after SIGTERM, how long in-flight streams may run before they are cut "
+                              f"(default {defaults.SHUTDOWN_GRACE_S:g}; the deployment files allow 15 s in all)")
     target, gateway, drafter = (services.choices[n] for n in ("target", "gateway", "drafter"))
     for sub in (target, gateway):
         sub.add_argument("--model", default=DEFAULT_MODEL,
                          help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
-        _add_speculative_flags(sub, defaults=True)
+        _add_speculative_flags(sub, with_defaults=True)
     target.add_argument("--drafter", action="append", default=[], metavar="METHOD=ADDRESS",
                         help="a drafter service to use, e.g. ngram=127.0.0.1:50061 (repeatable)")
     target.add_argument("--drafter-timeout-ms", type=float, default=50.0,
@@ -83,7 +87,18 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="max_tokens of requests that do not set it (default 256)")
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     gateway.add_argument("--target", default=DEFAULT_ADDRESSES["target"][0], help="target service address")
+    gateway.add_argument("--upstream-timeout", type=float, default=defaults.UPSTREAM_TIMEOUT_S, metavar="SECONDS",
+                         help="the longest one request may run, unless the client's deadline is sooner "
+                              f"(default {defaults.UPSTREAM_TIMEOUT_S:g})")
     drafter.add_argument("--method", default="ngram", help="proposer to serve (default ngram)")
+    drafter.add_argument("--max-sequences", type=int, default=defaults.DRAFTER_MAX_SEQUENCES,
+                         help="sequences held at most; the least recently used beyond are dropped "
+                              f"(default {defaults.DRAFTER_MAX_SEQUENCES})")
+    drafter.add_argument("--max-tokens-held", type=int, default=defaults.DRAFTER_MAX_TOKENS_HELD,
+                         help=f"tokens held at most, all sequences (default {defaults.DRAFTER_MAX_TOKENS_HELD})")
+    drafter.add_argument("--sequence-idle-timeout", type=float, default=defaults.DRAFTER_IDLE_TIMEOUT_S, metavar="SECONDS",
+                         help="a sequence not asked about for this long is dropped "
+                              f"(default {defaults.DRAFTER_IDLE_TIMEOUT_S:g})")
     drafter.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
                          help="cost of verifying one more draft token, as a fraction of a one-token step "
                               f"(default {DEFAULT_DRAFT_TOKEN_COST})")
@@ -101,7 +116,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="seed of this request's random stream")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
-    _add_speculative_flags(gen, defaults=False)
+    _add_speculative_flags(gen, with_defaults=False)
     gen.set_defaults(run=_generate)
     top.register(commands)
     bench_cli.register(commands)
@@ -157,15 +172,19 @@ def _serve(args: argparse.Namespace) -> int:
             model=args.model, address=args.listen, metrics_address=args.metrics_listen, drafters=drafters,
             default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
             kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
-            default_max_tokens=args.default_max_tokens, num_threads=args.threads)))
+            default_max_tokens=args.default_max_tokens, num_threads=args.threads,
+            shutdown_grace_s=args.shutdown_grace)))
     elif args.service == "gateway":
         from gateway.server import serve
         asyncio.run(serve(model=args.model, target_address=args.target, address=args.listen,
-                          metrics_address=args.metrics_listen, default_speculative=_speculative_of(args)))
+                          metrics_address=args.metrics_listen, default_speculative=_speculative_of(args),
+                          upstream_timeout_s=args.upstream_timeout, grace=args.shutdown_grace))
     else:
         from drafter_svc.server import serve
+        from drafter_svc.sequences import SequenceRegistry
+        sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
-                          draft_token_cost=args.draft_token_cost))
+                          draft_token_cost=args.draft_token_cost, sequences=sequences, grace=args.shutdown_grace))
     return 0
 
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, fields
 
@@ -16,6 +17,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
+
+# Seconds before restarting a service that exited, growing while it keeps exiting; one that has
+# run for STABLE_AFTER_S starts over at the first.
+RESTART_BACKOFF_S = (1, 2, 4, 8, 16, 30)
+STABLE_AFTER_S = 60.0
+WHILE_DOWN = {"drafter": "requests go on draft-free meanwhile",
+              "target": "the gateway answers UNAVAILABLE meanwhile",
+              "gateway": "clients cannot connect meanwhile"}
 
 
 def free_ports(count: int) -> list[int]:
@@ -46,13 +55,14 @@ class StackPorts:
 
 @dataclass
 class Stack:
-    """gateway + target + n-gram drafter as child processes."""
+    """gateway + target + n-gram drafter as child processes; `supervise` restarts any that dies."""
     model: str = DEFAULT_MODEL
     ports: StackPorts = field(default_factory=StackPorts)
     host: str = "127.0.0.1"
     threads: int | None = None
     extra_target_args: list[str] = field(default_factory=list)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)
 
     def address(self, service: str) -> str:
         return f"{self.host}:{getattr(self.ports, service)}"
@@ -73,6 +83,7 @@ class Stack:
 
     def start(self, service: str) -> None:
         self.processes[service] = subprocess.Popen(self.command(service))
+        self.started_at[service] = time.monotonic()
 
     def up(self, timeout_s: float = 300.0) -> None:
         """Start every service and wait until each reports SERVING."""
@@ -114,28 +125,27 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    def supervise(self) -> int:
-        """Until SIGINT/SIGTERM: restart a drafter that dies; stop all if another service dies."""
-        stopping = False
-
-        def stop(*_):
-            nonlocal stopping
-            stopping = True
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        while not stopping:
-            time.sleep(0.5)
-            for service, proc in list(self.processes.items()):
-                if proc.poll() is None or stopping:
-                    continue
-                if service != "drafter":
-                    print(f"specd: {service} exited with code {proc.returncode}; stopping", file=sys.stderr)
-                    self.down()
-                    return 1
-                print("specd: drafter exited; restarting it (requests go on draft-free meanwhile)", file=sys.stderr)
-                self.start(service)
+    def supervise(self, stop: threading.Event) -> None:
+        """Until `stop` is set: restart any service that exits, after a back-off that grows while
+        it keeps dying; then stop everything."""
+        failures = dict.fromkeys(self.processes, 0)
+        restart_due: dict[str, float] = {}
+        while not stop.wait(0.2):
+            now = time.monotonic()
+            for service, proc in self.processes.items():
+                if proc.poll() is None:
+                    if now - self.started_at[service] > STABLE_AFTER_S:
+                        failures[service] = 0
+                elif service not in restart_due:
+                    delay = RESTART_BACKOFF_S[min(failures[service], len(RESTART_BACKOFF_S) - 1)]
+                    failures[service] += 1
+                    restart_due[service] = now + delay
+                    print(f"specd: {service} exited with code {proc.returncode}; restarting it in {delay:g} s "
+                          f"({WHILE_DOWN[service]})", file=sys.stderr, flush=True)
+                elif now >= restart_due[service]:
+                    del restart_due[service]
+                    self.start(service)
         self.down()
-        return 0
 
 
 def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None) -> int:
@@ -150,4 +160,8 @@ def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None) -> int:
     for service in ("gateway", "target", "drafter"):
         print(f"  {service:8} grpc {stack.address(service):18} metrics {stack.metrics_url(service)}")
     print('try:  specd generate --chat "Write a haiku about speculative decoding"', flush=True)
-    return stack.supervise()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stack.supervise(stop)
+    return 0

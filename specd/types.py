@@ -5,19 +5,15 @@ everything inside a service works on the dataclasses.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from specd.errors import InvalidArgument
 from specd.v1 import common_pb2
 
 MAX_SPECULATIVE_TOKENS = 16
-
-
-class InvalidArgument(ValueError):
-    """A request field is out of range; becomes gRPC INVALID_ARGUMENT naming the field."""
-
-    def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
+# Below this a temperature is greedy: dividing logits by it overflows (vLLM uses the same bound).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -31,17 +27,18 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate(self) -> None:
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise InvalidArgument("sampling.temperature", f"must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise InvalidArgument("sampling.temperature", f"must be finite and >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:  # also rejects NaN
             raise InvalidArgument("sampling.top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidArgument("sampling.top_k", f"must be >= 0, got {self.top_k}")
-        if not self.repetition_penalty > 0.0:
-            raise InvalidArgument("sampling.repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise InvalidArgument("sampling.repetition_penalty",
+                                  f"must be finite and > 0, got {self.repetition_penalty}")
         if self.max_tokens < 0:
             raise InvalidArgument("sampling.max_tokens", f"must be >= 0, got {self.max_tokens}")
 

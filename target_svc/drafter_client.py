@@ -2,7 +2,7 @@
 
 A drafter is an optimisation, never a dependency: any failure or a missed
 deadline means "no drafts this step" for its sequences, and the request goes
-on draft-free.
+on draft-free. Every request stays within the drafter API's size bounds.
 """
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ import time
 
 import grpc
 
+from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES
+from specd.rpc import insecure_channel
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 from target_svc.metrics import TargetMetrics
 from target_svc.sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+RELEASE_TIMEOUT_S = 1.0
+RELEASE_RETRY_MAX_S = 30.0
 
 
 class DrafterClient:
@@ -27,12 +32,18 @@ class DrafterClient:
         self.address = address
         self._timeout_s = timeout_s
         self._metrics = metrics
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = insecure_channel(address)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._synced: dict[str, int] = {}
+        # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
+        self._unreleased: set[str] = set()
+        self._release_task: asyncio.Task | None = None
 
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
         """Drafts of at most k tokens for each (sequence, k); {} if the drafter failed."""
+        wanted = self._within_bounds(wanted)
+        if not wanted:
+            return {}
         request = drafter_pb2.ProposeRequest(sequences=[self._update(seq, k) for seq, k in wanted])
         started = time.perf_counter()
         try:
@@ -43,6 +54,20 @@ class DrafterClient:
         finally:
             self._metrics.drafter_rpc_latency.labels(self.method).observe(time.perf_counter() - started)
         return self._accept(wanted, response)
+
+    def _within_bounds(self, wanted: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+        """The sequences this step's request can carry: none longer than the drafter holds, and no
+        more new tokens than one request may sync (the rest are synced in later steps)."""
+        kept, tokens = [], 0
+        for seq, k in wanted:
+            unsynced = len(seq.tokens) - self._synced.get(seq.request_id, 0)
+            if len(seq.tokens) > MAX_DRAFTER_SEQUENCE_TOKENS or tokens + unsynced > MAX_PROPOSE_TOKENS:
+                continue
+            kept.append((seq, k))
+            tokens += unsynced
+            if len(kept) == MAX_PROPOSE_SEQUENCES:
+                break
+        return kept
 
     def _update(self, seq: Sequence, k: int) -> drafter_pb2.SequenceUpdate:
         spec = seq.speculative
@@ -64,18 +89,29 @@ class DrafterClient:
         return drafts
 
     def release(self, request_ids: list[str]) -> None:
-        """Tell the drafter these sequences finished; best effort, in the background."""
-        ids = [i for i in request_ids if self._synced.pop(i, None) is not None]
-        if ids:
-            asyncio.get_running_loop().create_task(self._release(ids))
+        """Tell the drafter these sequences finished, in the background, retrying until it has
+        heard (a drafter that restarted meanwhile holds nothing: telling it is harmless)."""
+        self._unreleased.update(i for i in request_ids if self._synced.pop(i, None) is not None)
+        if self._unreleased and (self._release_task is None or self._release_task.done()):
+            self._release_task = asyncio.get_running_loop().create_task(self._release_until_heard())
 
-    async def _release(self, ids: list[str]) -> None:
-        try:
-            await self._stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=ids), timeout=1.0)
-        except grpc.aio.AioRpcError as err:
-            log.debug("drafter %s: release failed: %s", self.method, err.code().name)
+    async def _release_until_heard(self) -> None:
+        backoff = RELEASE_TIMEOUT_S
+        while self._unreleased:
+            ids = sorted(self._unreleased)[:MAX_RELEASE_SEQUENCES]
+            try:
+                await self._stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=ids), timeout=RELEASE_TIMEOUT_S)
+            except grpc.aio.AioRpcError as err:
+                log.debug("drafter %s: release failed (%s); retrying in %g s", self.method, err.code().name, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, RELEASE_RETRY_MAX_S)
+                continue
+            self._unreleased.difference_update(ids)
+            backoff = RELEASE_TIMEOUT_S
 
     async def close(self) -> None:
+        if self._release_task is not None:
+            self._release_task.cancel()
         await self._channel.close()
 
 

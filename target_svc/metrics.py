@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from specd.serving import RpcMetrics
+from specd.rpc import RpcMetrics
 
 _LATENCY_BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1)

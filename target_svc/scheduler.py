@@ -4,7 +4,7 @@ One step, for every running sequence at once: ask the drafters (with a
 deadline), run ONE forward pass over prompts being prefilled and every decoding
 sequence's last token plus drafts, verify, roll back rejected KV entries and
 stream the committed tokens. Model compute runs on a worker thread, never on
-the event loop.
+the event loop. An error that belongs to one sequence fails that sequence only.
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
-from specd.serving import ResourceExhausted
+import torch
+
+from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafter_client import Drafters
 from target_svc.metrics import TargetMetrics
@@ -71,8 +73,7 @@ class Scheduler:
             except Exception:  # a bug in one step must not take the server down with it
                 log.exception("step failed; failing the running requests")
                 for seq in list(self._running):
-                    seq.outputs.put_nowait(RuntimeError("internal error in the decoding step"))
-                    self._finish(seq, "error")
+                    self._fail(seq)
 
     async def step(self) -> None:
         self._drop_aborted()
@@ -83,14 +84,32 @@ class Scheduler:
         drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes])
         batch = prefills + decodes
         seq_drafts = [drafts.get(s.request_id, []) for s in batch]
-        results = await asyncio.get_running_loop().run_in_executor(
-            self._compute_thread, self._forward_and_verify, batch, seq_drafts)
-        for seq, draft, result in zip(batch, seq_drafts, results):
-            self._commit(seq, draft, result)
+        outcomes = await asyncio.get_running_loop().run_in_executor(
+            self._compute_thread, self._run_batch, batch, seq_drafts)
+        for seq, draft, outcome in zip(batch, seq_drafts, outcomes):
+            if isinstance(outcome, Exception):
+                self._fail(seq)
+            else:
+                self._commit(seq, draft, outcome)
         self._update_gauges()
 
+    def _run_batch(self, batch: list[Sequence], seq_drafts: list[list[int]]) -> list[VerifyResult | Exception]:
+        """Worker thread: the step's forward and verification. If the batch fails, its sequences
+        are run one at a time, so only the sequence the error belongs to fails."""
+        try:
+            return self._forward_and_verify(batch, seq_drafts)
+        except Exception as error:
+            for seq in batch:  # whatever the failed pass wrote past the committed tokens goes
+                self._runner.allocator.truncate(seq.request_id, seq.num_computed)
+            if len(batch) == 1:
+                log.exception("sequence %s failed in the decoding step", batch[0].request_id)
+                return [error]
+            log.warning("a step of %d sequences failed (%r); running them one at a time", len(batch), error)
+            return [self._run_batch([seq], [draft])[0] for seq, draft in zip(batch, seq_drafts)]
+
+    @torch.inference_mode()  # the logits come from the model under it; the processors write into them
     def _forward_and_verify(self, batch: list[Sequence], seq_drafts: list[list[int]]) -> list[VerifyResult]:
-        """Worker thread: one forward pass over the whole batch, then verification."""
+        """One forward pass over the whole batch, then verification."""
         started = time.perf_counter()
         inputs = [self._input_of(seq, draft) for seq, draft in zip(batch, seq_drafts)]
         logits = self._runner.forward(inputs)
@@ -138,6 +157,10 @@ class Scheduler:
         if any(s.aborted for s in self._waiting):
             self._waiting = deque(s for s in self._waiting if not s.aborted)
         self._update_gauges()
+
+    def _fail(self, seq: Sequence) -> None:
+        seq.outputs.put_nowait(InternalError("internal error in the decoding step"))
+        self._finish(seq, "error")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self._runner.allocator.free(seq.request_id)

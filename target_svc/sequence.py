@@ -52,6 +52,11 @@ class Sequence:
         return len(self.tokens) - 1
 
     @property
+    def num_computed(self) -> int:
+        """Tokens whose KV entries the cache holds for good: none before the prompt's prefill."""
+        return 0 if self.in_prefill else self.num_cached
+
+    @property
     def in_prefill(self) -> bool:
         return self.num_output == 0
 

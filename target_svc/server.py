@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
+from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
@@ -14,6 +16,8 @@ from target_svc.metrics import TargetMetrics
 from target_svc.model_runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.servicer import TargetServicer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,6 +32,7 @@ class TargetOptions:
     max_num_seqs: int = 64
     default_max_tokens: int = 256
     num_threads: int | None = None
+    shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
 
 
 class TargetService(Service):
@@ -58,9 +63,16 @@ class TargetService(Service):
 
     async def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self.scheduler.run())
+        self._loop_task.add_done_callback(self._on_scheduler_exit)
         await super().start()
 
-    async def stop(self, grace: float = 5.0) -> None:
+    def _on_scheduler_exit(self, task: asyncio.Task) -> None:
+        """Drafters may come and go, but without its scheduler loop the target serves nothing."""
+        if not task.cancelled():
+            log.error("the scheduler loop ended: %r; reporting NOT_SERVING", task.exception())
+            asyncio.get_running_loop().create_task(self.set_serving(False))
+
+    async def stop(self, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
         await super().stop(grace)
         if self._loop_task is not None:
             self._loop_task.cancel()
@@ -69,4 +81,4 @@ class TargetService(Service):
 
 
 async def serve(options: TargetOptions) -> None:
-    await serve_until_signalled(TargetService(options))
+    await serve_until_signalled(TargetService(options), options.shutdown_grace_s)

@@ -1,14 +1,19 @@
 """The Target gRPC service: a thin shell over the scheduler."""
 from __future__ import annotations
 
+import logging
 import uuid
 
-from specd.serving import rpc_handler
-from specd.types import InvalidArgument, SamplingParams, SpeculativeConfig
+from specd.rpc import rpc_handler
+from specd.errors import InvalidArgument, check_length
+from specd.limits import MAX_REQUEST_ID_CHARS
+from specd.types import SamplingParams, SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
 from target_svc.metrics import TargetMetrics
 from target_svc.scheduler import Scheduler
 from target_svc.sequence import Sequence, StepOutput
+
+log = logging.getLogger(__name__)
 
 
 class TargetServicer(target_pb2_grpc.TargetServicer):
@@ -40,6 +45,7 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
         return self._info
 
     def _sequence_of(self, request: target_pb2.TargetGenerateRequest) -> Sequence:
+        check_length("request_id", request.request_id, MAX_REQUEST_ID_CHARS, "characters")
         prompt = list(request.prompt_token_ids)
         context_len = self._info.max_context_length
         if not prompt:
@@ -53,8 +59,10 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
         speculative = self._default_speculative.merged_with(request.speculative)
         speculative.validate(list(self._info.methods))
         max_tokens = min(sampling.max_tokens or self._info.default_max_tokens, context_len - len(prompt))
-        # A fresh internal id: callers' ids need not be unique, KV block tables must be.
-        seq_id = f"{request.request_id or 'req'}-{uuid.uuid4().hex[:12]}"
+        # A fresh internal id: callers' ids need not be unique (KV block tables' must be), and only
+        # this short one travels to the drafters every step.
+        seq_id = uuid.uuid4().hex
+        log.debug("request %r is sequence %s", request.request_id, seq_id)
         return Sequence(seq_id, prompt, sampling, speculative, max_tokens,
                         frozenset(self._info.eos_token_ids))
 

@@ -5,7 +5,8 @@ import pytest
 
 from gateway.server import create_service, fetch_model_info
 from specd.model_store import DEFAULT_MODEL
-from specd.types import InvalidArgument, SpeculativeConfig
+from specd.errors import InvalidArgument
+from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2_grpc
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")

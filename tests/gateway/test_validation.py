@@ -1,15 +1,18 @@
 import pytest
 
 from gateway.validation import check_prompt_fits, validate_request
-from specd.types import InvalidArgument, SpeculativeConfig
+from specd.errors import InvalidArgument
+from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2
 
 DEFAULT_SPECULATIVE = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
 SERVED_METHODS = ("none", "ngram")
+MAX_PROMPT_CHARS = 1000
 
 
 def validate(**fields) -> None:
-    return validate_request(generation_pb2.GenerateRequest(**fields), DEFAULT_SPECULATIVE, SERVED_METHODS)
+    return validate_request(generation_pb2.GenerateRequest(**fields), DEFAULT_SPECULATIVE, SERVED_METHODS,
+                            MAX_PROMPT_CHARS)
 
 
 def field_of_error(**fields) -> str:

@@ -1,0 +1,16 @@
+"""The size bounds of every specd API, in one place: no field lets one client make a service do
+unbounded work or hold unbounded memory. A request over a bound gets INVALID_ARGUMENT naming it."""
+
+# Public API (gateway) and target.
+MAX_REQUEST_ID_CHARS = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 1024
+MAX_CHAT_MESSAGES = 4096
+
+# Drafter API. The target never sends past these: a longer sequence goes draft-free, and a step
+# whose sync would exceed MAX_PROPOSE_TOKENS leaves some sequences out until the next step.
+MAX_SEQUENCE_ID_CHARS = 64
+MAX_PROPOSE_SEQUENCES = 1024
+MAX_DRAFTER_SEQUENCE_TOKENS = 131072
+MAX_PROPOSE_TOKENS = 262144
+MAX_RELEASE_SEQUENCES = 4096
