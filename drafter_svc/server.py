@@ -22,7 +22,7 @@ def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
         raise ValueError(f"unknown drafter method {method!r}; this drafter serves {', '.join(PROPOSERS)}")
     proposer = PROPOSERS[method](DraftLengthPolicy(draft_token_cost))
     metrics = DrafterMetrics(method)
-    servicer = DrafterServicer(proposer, sequences or SequenceRegistry(), metrics)
+    servicer = DrafterServicer(proposer, SequenceRegistry() if sequences is None else sequences, metrics)
     spec = ServiceSpec(drafter_pb2_grpc.add_DrafterServicer_to_server, servicer, DRAFTER_SERVICE_NAME)
     return Service(f"drafter[{method}]", [spec], address, metrics_address, metrics.registry)
 

@@ -157,3 +157,9 @@ def test_grafana_provisions_the_prometheus_datasource_and_every_dashboard(compos
     for board in boards:
         uids = {json.dumps(panel["datasource"]) for panel in board["panels"] if "datasource" in panel}
         assert uids == {json.dumps({"type": "prometheus", "uid": datasource["uid"]})}, board["uid"]
+
+
+def test_in_flight_streams_get_their_shutdown_grace_before_compose_kills_the_container(compose, specd_services):
+    for name, args in specd_services.items():
+        period = compose["services"][name]["stop_grace_period"]
+        assert period.endswith("s") and args.shutdown_grace < float(period[:-1]), name

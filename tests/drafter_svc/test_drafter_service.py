@@ -10,7 +10,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.server import create_service
+from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS,
+                          MAX_RELEASE_SEQUENCES, MAX_SEQUENCE_ID_CHARS)
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4  # the lookup always finds a match in it
@@ -110,6 +113,47 @@ async def test_invalid_entries_are_rejected_naming_the_field(stub, bad_entry, fi
     # nothing of the rejected request was applied
     (draft,) = await propose(stub, update("ok", len(LOOPING_PROMPT), [11]))
     assert draft.resync_needed
+
+
+@pytest.mark.parametrize("request_of, field", [
+    pytest.param(lambda: [update(str(i), 0, [1]) for i in range(MAX_PROPOSE_SEQUENCES + 1)], "sequences",
+                 id="too-many-sequences"),
+    pytest.param(lambda: [update("x" * (MAX_SEQUENCE_ID_CHARS + 1), 0, [1])], "sequences[0].sequence_id",
+                 id="long-id"),
+    pytest.param(lambda: [update("x", MAX_DRAFTER_SEQUENCE_TOKENS, [1])], "sequences[0].appended_token_ids",
+                 id="sequence-too-long"),
+    pytest.param(lambda: [update(str(i), 0, [1] * (MAX_PROPOSE_TOKENS // 2)) for i in range(3)], "sequences",
+                 id="too-many-tokens-in-all"),
+])
+async def test_every_size_is_bounded(stub, request_of, field):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await propose(stub, *request_of())
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(field + ":")
+
+
+async def test_release_of_too_many_sequences_is_refused(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=["s"] * (MAX_RELEASE_SEQUENCES + 1)))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sequence_ids" in error.value.details()
+
+
+async def test_sequences_never_released_are_evicted_and_the_state_size_is_exported():
+    drafter = create_service(address="127.0.0.1:0", metrics_address="127.0.0.1:0",
+                             sequences=SequenceRegistry(max_sequences=2))
+    await drafter.start()
+    try:
+        async with grpc.aio.insecure_channel(drafter.grpc_address) as channel:
+            stub = drafter_pb2_grpc.DrafterStub(channel)
+            for name in ("a", "b", "c"):
+                await propose(stub, update(name, 0, LOOPING_PROMPT))
+        metrics = await asyncio.to_thread(scrape, drafter.metrics_port)
+    finally:
+        await drafter.stop(grace=0)
+    assert metrics[("specd_drafter_sequences", ())] == 2
+    assert metrics[("specd_drafter_tokens_held", ())] == 2 * len(LOOPING_PROMPT)
+    assert metrics[("specd_drafter_evictions_total", (("reason", "capacity"),))] == 1
 
 
 async def test_health_check_reports_serving(channel):

@@ -3,8 +3,10 @@ import asyncio
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from drafter_svc.server import create_service as create_drafter
+from specd.limits import MAX_REQUEST_ID_CHARS
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_svc.server import TargetOptions, TargetService
@@ -94,6 +96,21 @@ async def test_bad_input_is_invalid_argument_naming_the_field(stub, request_fiel
     assert field in err.value.details()
 
 
+async def test_a_request_id_over_the_bound_is_invalid_argument(stub):
+    request = _request()
+    request.request_id = "x" * (MAX_REQUEST_ID_CHARS + 1)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _generate(stub, request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("request_id:")
+
+
+async def test_a_temperature_below_the_epsilon_decodes_greedily(stub):
+    greedy, _ = await _generate(stub, _request(method="none"))
+    tiny, _ = await _generate(stub, _request(method="none", temperature=1e-40))
+    assert tiny == greedy
+
+
 async def test_k_out_of_range_is_invalid_argument(stub):
     request = _request()
     request.speculative.num_speculative_tokens = 17
@@ -129,12 +146,31 @@ async def test_client_cancel_frees_the_sequences_kv_blocks(stub, target):
     assert allocator.num_free_blocks == allocator.num_blocks
 
 
-async def test_a_dead_drafter_costs_speed_not_the_request(stub, drafter):
+async def test_a_dead_drafter_costs_speed_not_the_request(stub, drafter, target):
     plain, _ = await _generate(stub, _request(method="none"))
     await drafter.stop(0)
     tokens, chunks = await _generate(stub, _request(method="ngram"))
     assert tokens == plain
     assert chunks[-1].usage.draft_tokens == 0
+    async with grpc.aio.insecure_channel(target.grpc_address) as channel:  # it can do without drafters
+        health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_on_shutdown_in_flight_streams_finish_within_the_grace_and_new_ones_are_refused(stub, target):
+    call = stub.Generate(_request(method="none", max_tokens=200))
+    first = await call.read()
+    stopping = asyncio.get_running_loop().create_task(target.stop(grace=30))
+    await asyncio.sleep(0.05)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _generate(stub, _request())
+    rest = []
+    while (chunk := await call.read()) is not grpc.aio.EOF:
+        rest.append(chunk)
+    await stopping
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert rest[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert len(first.token_ids) + sum(len(c.token_ids) for c in rest) == 200
 
 
 async def test_model_info_lists_the_served_methods(stub, target):

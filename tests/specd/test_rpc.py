@@ -1,0 +1,96 @@
+"""The gRPC edge every service shares, on a real server on loopback with servicers defined here."""
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from specd.errors import InvalidArgument
+from specd.rpc import RpcMetrics, insecure_channel, invalid_utf8_field, rpc_handler
+from specd.serving import Service, ServiceSpec
+from specd.v1 import drafter_pb2, drafter_pb2_grpc, generation_pb2, generation_pb2_grpc
+
+
+class BadSequenceId(InvalidArgument):
+    """A subclass of a domain error maps to the same status as the error itself."""
+
+
+class Misbehaving(drafter_pb2_grpc.DrafterServicer):
+    def __init__(self):
+        self.rpc_metrics = RpcMetrics(CollectorRegistry())
+
+    @rpc_handler
+    async def Propose(self, request, context):
+        return {}["a bug"]  # KeyError: an error the servicer did not mean to raise
+
+    @rpc_handler
+    async def Release(self, request, context):
+        raise BadSequenceId("sequence_ids[0]", "no such sequence")
+
+
+class Echo(generation_pb2_grpc.GenerationServicer):
+    def __init__(self):
+        self.rpc_metrics = RpcMetrics(CollectorRegistry())
+
+    @rpc_handler
+    async def Generate(self, request, context):
+        yield generation_pb2.GenerateResponse(text=request.prompt)
+
+
+@pytest.fixture
+async def service():
+    specs = [ServiceSpec(drafter_pb2_grpc.add_DrafterServicer_to_server, Misbehaving(), "specd.v1.Drafter"),
+             ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, Echo(), "specd.v1.Generation")]
+    service = Service("test", specs, "127.0.0.1:0", None, CollectorRegistry())
+    await service.start()
+    yield service
+    await service.stop(grace=0)
+
+
+@pytest.fixture
+async def channel(service):
+    async with insecure_channel(service.grpc_address) as channel:
+        yield channel
+
+
+async def test_an_unexpected_error_is_internal_without_python_internals(channel):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await drafter_pb2_grpc.DrafterStub(channel).Propose(drafter_pb2.ProposeRequest())
+    assert error.value.code() == grpc.StatusCode.INTERNAL
+    assert error.value.details() == "internal error"
+
+
+async def test_a_subclass_of_a_domain_error_gets_its_status(channel):
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await drafter_pb2_grpc.DrafterStub(channel).Release(drafter_pb2.ReleaseRequest())
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "sequence_ids[0]: no such sequence"
+
+
+def chat_bytes(*contents: bytes) -> bytes:
+    """A serialized GenerateRequest with chat messages whose content bytes are given as is."""
+    messages = b""
+    for content in contents:
+        message = b"\x0a\x04user" + b"\x12" + bytes([len(content)]) + content  # role = 1, content = 2
+        messages += b"\x0a" + bytes([len(message)]) + message  # ChatMessages.messages = 1
+    return b"\x12" + bytes([len(messages)]) + messages  # GenerateRequest.chat = 2
+
+
+async def test_a_string_that_is_not_utf8_is_invalid_argument_naming_the_field(channel):
+    generate = channel.unary_stream("/specd.v1.Generation/Generate", request_serializer=None,
+                                    response_deserializer=generation_pb2.GenerateResponse.FromString)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        async for _ in generate(chat_bytes(b"fine", b"bad \xff\xfe")):
+            pass
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "chat.messages[1].content: not valid UTF-8"
+    responses = [r async for r in generate(generation_pb2.GenerateRequest(prompt="ok").SerializeToString())]
+    assert responses[0].text == "ok"  # valid requests still pass through the same handler
+
+
+@pytest.mark.parametrize("raw, field", [
+    (b"\x0a\x02\xff\xfe", "prompt"),
+    (chat_bytes(b"ok", b"\xc3"), "chat.messages[1].content"),
+    (b"\x22\x01\x80", "stop[0]"),
+    (generation_pb2.GenerateRequest(prompt="fine", stop=["a"]).SerializeToString(), None),
+])
+def test_the_first_string_that_is_not_utf8_is_found_by_its_path(raw, field):
+    assert invalid_utf8_field(generation_pb2.GenerateRequest.DESCRIPTOR, raw) == field

@@ -1,0 +1,30 @@
+"""Sampling parameters: what is greedy, and what is refused."""
+import math
+
+import pytest
+
+from specd.errors import InvalidArgument
+from specd.types import SamplingParams
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-40, 9e-6])
+def test_a_temperature_below_the_epsilon_is_greedy(temperature):
+    assert SamplingParams(temperature=temperature).greedy
+
+
+def test_a_small_but_real_temperature_samples():
+    assert not SamplingParams(temperature=1e-3).greedy
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(temperature=math.inf), "sampling.temperature"),
+    (dict(temperature=math.nan), "sampling.temperature"),
+    (dict(temperature=-0.5), "sampling.temperature"),
+    (dict(top_p=math.nan), "sampling.top_p"),
+    (dict(repetition_penalty=math.inf), "sampling.repetition_penalty"),
+    (dict(repetition_penalty=math.nan), "sampling.repetition_penalty"),
+])
+def test_values_that_are_not_finite_or_out_of_range_name_their_field(fields, field):
+    with pytest.raises(InvalidArgument) as error:
+        SamplingParams(**fields).validate()
+    assert error.value.field == field

@@ -1,0 +1,76 @@
+"""The target's side of the drafter API, against real drafter services on loopback."""
+import asyncio
+
+import pytest
+
+from drafter_svc.sequences import SequenceRegistry
+from drafter_svc.server import create_service as create_drafter
+from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_TOKENS
+from specd.stack import free_ports
+from specd.types import SamplingParams, SpeculativeConfig
+from target_svc.drafter_client import DrafterClient
+from target_svc.metrics import TargetMetrics
+from target_svc.sequence import Sequence
+
+LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4
+
+
+def sequence(name: str, prompt=LOOPING_PROMPT) -> Sequence:
+    return Sequence(name, list(prompt), SamplingParams(), SpeculativeConfig(), 16, frozenset())
+
+
+@pytest.fixture
+def address() -> str:
+    return f"127.0.0.1:{free_ports(1)[0]}"
+
+
+@pytest.fixture
+async def client(address):
+    client = DrafterClient("ngram", address, timeout_s=2.0, metrics=TargetMetrics())
+    yield client
+    await client.close()
+
+
+async def started_drafter(address: str, sequences: SequenceRegistry):
+    drafter = create_drafter(address=address, metrics_address=None, sequences=sequences)
+    await drafter.start()
+    return drafter
+
+
+async def eventually(condition, timeout_s: float = 15.0) -> bool:
+    for _ in range(int(timeout_s / 0.05)):
+        if condition():
+            return True
+        await asyncio.sleep(0.05)
+    return condition()
+
+
+async def test_a_release_the_drafter_missed_is_retried_until_it_hears(client, address):
+    held = SequenceRegistry()
+    drafter = await started_drafter(address, held)
+    await client.propose([(sequence("s"), 4)])
+    assert len(held) == 1
+    await drafter.stop(grace=0)  # the drafter is unreachable when the sequence finishes
+    client.release(["s"])
+    await asyncio.sleep(1.0)
+    assert len(held) == 1
+    drafter = await started_drafter(address, held)  # reachable again, its state as it was
+    try:
+        assert await eventually(lambda: len(held) == 0)
+    finally:
+        await drafter.stop(grace=0)
+
+
+async def test_requests_stay_within_the_drafter_api_bounds(client, address):
+    held = SequenceRegistry()
+    drafter = await started_drafter(address, held)
+    try:
+        too_long = sequence("too-long", [1] * (MAX_DRAFTER_SEQUENCE_TOKENS + 1))
+        halves = [sequence(f"half{i}", [1] * (MAX_PROPOSE_TOKENS // 2)) for i in range(2)]
+        late = sequence("late")
+        wanted = [(s, 4) for s in (too_long, *halves, late)]
+        assert set(await client.propose(wanted)) == {"half0", "half1"}  # "late" would pass the request's bound
+        assert set(await client.propose(wanted)) == {"half0", "half1", "late"}  # the halves are synced now
+        assert len(held) == 3  # never the sequence longer than a drafter holds
+    finally:
+        await drafter.stop(grace=0)
