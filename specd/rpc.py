@@ -29,12 +29,13 @@ _MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 # A peer that stops answering (frozen, or gone without closing the socket) is noticed within
 # KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS, and every call on that connection fails UNAVAILABLE.
 KEEPALIVE_TIME_MS = 5_000
-KEEPALIVE_TIMEOUT_MS = 5_000
+KEEPALIVE_TIMEOUT_MS = 5_000  # also the ping timeout: without it an unanswered ping waits a minute
 CHANNEL_OPTIONS = [*_MESSAGE_SIZE_OPTIONS,
                    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
                    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0),
+                   ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
                    # a restarted peer is reconnected to within seconds (gRPC's default back-off grows to 2 min)
                    ("grpc.initial_reconnect_backoff_ms", 500),
                    ("grpc.max_reconnect_backoff_ms", 5_000)]
