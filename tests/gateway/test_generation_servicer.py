@@ -6,6 +6,7 @@ import urllib.request
 import grpc
 import pytest
 import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.server import create_service
 from specd.model_store import DEFAULT_MODEL
@@ -52,6 +53,15 @@ async def eventually(condition, timeout_s: float = 10.0) -> bool:
         if time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.05)
+    return True
+
+
+async def eventually_async(call, condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition(await call()):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
     return True
 
 
@@ -123,6 +133,50 @@ async def test_a_prompt_longer_than_the_context_is_refused(gateway):
     assert "tokens, the context holds 8192" in error.details()
 
 
+async def test_a_prompt_that_cannot_fit_whatever_it_tokenizes_to_is_refused_before_tokenizing(gateway):
+    started = time.monotonic()
+    error = await generate_error(gateway, prompt="x" * 4_000_000)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("prompt: too long: 4000000 characters")
+    assert time.monotonic() - started < 5  # tokenizing 4 MB took ~3 s before the check came first
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(prompt=PROMPT, request_id="r" * 2_500_000), "request_id"),
+    (dict(prompt=PROMPT, stop=["s" * 5000]), "stop[0]"),
+    (dict(chat=generation_pb2.ChatMessages(messages=[generation_pb2.ChatMessage(role="user", content="hi")] * 5000)),
+     "chat.messages"),
+    (dict(prompt=PROMPT, sampling=common_pb2.SamplingParams(temperature=float("inf"))), "sampling.temperature"),
+])
+async def test_every_size_and_value_is_bounded(gateway, fields, field):
+    error = await generate_error(gateway, **fields)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith(f"{field}:")
+
+
+async def test_a_prompt_that_is_not_utf8_is_invalid_argument_naming_it(gateway):
+    async with grpc.aio.insecure_channel(gateway.grpc_address) as channel:
+        generate_raw = channel.unary_stream("/specd.v1.Generation/Generate")
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            async for _ in generate_raw(b"\x0a\x04ok \xff"):  # GenerateRequest.prompt, with a byte UTF-8 never has
+                pass
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "prompt: not valid UTF-8"
+
+
+async def test_the_gateway_bounds_how_long_a_request_runs_and_the_target_frees_it(target, no_speculation):
+    gateway = await create_service(DEFAULT_MODEL, target.grpc_address, address="127.0.0.1:0",
+                                   metrics_address=None, default_speculative=no_speculation, upstream_timeout_s=0.5)
+    await gateway.start()
+    aborted_before = aborted_on_target(target)
+    try:
+        error = await generate_error(gateway, prompt=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=1000))
+    finally:
+        await gateway.stop(grace=0)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert await eventually(target_dropped_one_more(target, aborted_before))
+
+
 async def test_the_target_status_is_passed_through(gateway):
     # The whole context needs more KV cache than the test target has: the target answers RESOURCE_EXHAUSTED.
     error = await generate_error(gateway, prompt=PROMPT, sampling=common_pb2.SamplingParams(max_tokens=8000))
@@ -133,7 +187,7 @@ async def test_the_target_status_is_passed_through(gateway):
     assert handled == 1
 
 
-async def test_a_target_gone_away_is_unavailable(make_target, no_speculation):
+async def test_a_target_gone_away_is_unavailable_and_the_gateway_reports_not_serving(make_target, no_speculation):
     target = make_target()
     await target.start()
     gateway = await create_service(DEFAULT_MODEL, target.grpc_address, address="127.0.0.1:0",
@@ -142,10 +196,16 @@ async def test_a_target_gone_away_is_unavailable(make_target, no_speculation):
     await target.stop(grace=0)
     try:
         error = await generate_error(gateway, prompt=PROMPT, sampling=GREEDY)
+        async with grpc.aio.insecure_channel(gateway.grpc_address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            not_serving = await eventually_async(
+                lambda: health.Check(health_pb2.HealthCheckRequest()),
+                lambda reply: reply.status == health_pb2.HealthCheckResponse.NOT_SERVING)
     finally:
         await gateway.stop(grace=0)
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert error.details().startswith("target service unavailable:")
+    assert not_serving
 
 
 async def test_metrics_are_served_on_the_gateway_registry(gateway):

@@ -84,3 +84,10 @@ def test_a_prompt_leaving_one_token_of_context_fits():
 def test_max_tokens_reaching_past_the_context_is_no_error():
     # The target clips it and finishes with LENGTH at the context's end.
     validate(prompt="x", sampling=common_pb2.SamplingParams(max_tokens=10**6))
+
+
+def test_input_longer_than_any_tokenization_could_fit_names_its_field():
+    assert field_of_error(prompt="x" * (MAX_PROMPT_CHARS + 1)) == "prompt"
+    long_chat = generation_pb2.ChatMessages(messages=[generation_pb2.ChatMessage(role="user", content="x" * 600)] * 2)
+    assert field_of_error(chat=long_chat) == "chat.messages"
+    validate(prompt="x" * MAX_PROMPT_CHARS)
