@@ -116,6 +116,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None, help="seed of this request's random stream")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
+    gen.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                     help="deadline of the whole request (default: none of the client's own)")
     _add_speculative_flags(gen, with_defaults=False)
     gen.set_defaults(run=_generate)
     top.register(commands)
@@ -141,7 +143,7 @@ async def _stream_generation(args: argparse.Namespace) -> int:
     request = build_request(None if args.chat else args.prompt, messages, sampling, args.stop,
                             _speculative_overrides(args))
     async with SpecdClient(args.gateway) as client:
-        async for chunk in client.generate(request):
+        async for chunk in client.generate(request, timeout=args.timeout):
             if args.json:
                 print(json.dumps({"text": chunk.text, "token_ids": list(chunk.token_ids),
                                   "accepted_draft_tokens": chunk.accepted_draft_tokens}), flush=True)
