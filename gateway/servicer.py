@@ -5,6 +5,7 @@ import asyncio
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -35,6 +36,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._metrics = metrics
         self._upstream_timeout_s = upstream_timeout_s
         self.rpc_metrics = metrics.rpc_metrics
+        # Prompts are tokenized one at a time, off the event loop: a burst of long prompts then
+        # takes one core, not all of them from the target and the streams in flight.
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
 
     @rpc_handler
     async def Generate(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
@@ -70,12 +74,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     async def _encode(self, request: generation_pb2.GenerateRequest) -> list[int]:
         """Prompt token ids, tokenized off the event loop (long prompts take milliseconds)."""
+        loop = asyncio.get_running_loop()
         if request.WhichOneof("input") == "chat":
             messages = [(message.role, message.content) for message in request.chat.messages]
-            token_ids = await asyncio.to_thread(self._tokenizer.encode_chat, messages)
+            token_ids = await loop.run_in_executor(self._encoder, self._tokenizer.encode_chat, messages)
             input_field = "chat.messages"
         else:
-            token_ids = await asyncio.to_thread(self._tokenizer.encode_prompt, request.prompt)
+            token_ids = await loop.run_in_executor(self._encoder, self._tokenizer.encode_prompt, request.prompt)
             input_field = "prompt"
         check_prompt_fits(input_field, len(token_ids), self._model_info.max_context_length)
         return token_ids

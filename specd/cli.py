@@ -25,17 +25,31 @@ DEFAULT_ADDRESSES = {
 }
 
 
+def _int_in(low: int, high: int):
+    """An argparse type: an int the request's protobuf field can hold."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high}")
+        return value
+    return parse
+
+
+_INT32 = _int_in(-2 ** 31, 2 ** 31 - 1)
+_UINT64 = _int_in(0, 2 ** 64 - 1)
+
+
 def _add_speculative_flags(parser: argparse.ArgumentParser, with_defaults: bool) -> None:
     """Speculative settings; for `generate` unset flags defer to the deployment's defaults."""
     d = SpeculativeConfig() if with_defaults else None
     group = parser.add_argument_group("speculative decoding")
     group.add_argument("--method", default=d and d.method,
                        help="none | ngram" + (f" (default {d.method})" if d else " (default: the server's)"))
-    group.add_argument("--num-speculative-tokens", "-k", type=int, default=d and d.num_speculative_tokens,
+    group.add_argument("--num-speculative-tokens", "-k", type=_INT32, default=d and d.num_speculative_tokens,
                        help="most draft tokens per sequence per step, 0..16")
-    group.add_argument("--prompt-lookup-min", type=int, default=d and d.prompt_lookup_min,
+    group.add_argument("--prompt-lookup-min", type=_INT32, default=d and d.prompt_lookup_min,
                        help="shortest suffix n-gram the n-gram drafter matches")
-    group.add_argument("--prompt-lookup-max", type=int, default=d and d.prompt_lookup_max,
+    group.add_argument("--prompt-lookup-max", type=_INT32, default=d and d.prompt_lookup_max,
                        help="longest suffix n-gram the n-gram drafter matches")
 
 
@@ -108,12 +122,12 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     gen.add_argument("--system", default=None, help="a system message (with --chat)")
     gen.add_argument("--gateway", default=DEFAULT_GATEWAY, help=f"gateway address (default {DEFAULT_GATEWAY})")
-    gen.add_argument("--max-tokens", type=int, default=0, help="most tokens to generate (default: the server's)")
+    gen.add_argument("--max-tokens", type=_INT32, default=0, help="most tokens to generate (default: the server's)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
-    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    gen.add_argument("--top-k", type=_INT32, default=0, help="keep the k most likely tokens (default 0 = off)")
     gen.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1)")
-    gen.add_argument("--seed", type=int, default=None, help="seed of this request's random stream")
+    gen.add_argument("--seed", type=_UINT64, default=None, help="seed of this request's random stream")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
     gen.add_argument("--timeout", type=float, default=None, metavar="SECONDS",

@@ -9,5 +9,5 @@ UPSTREAM_TIMEOUT_S = 600.0
 
 # Drafter: bounds of the per-sequence state, for when the target's Release never arrives.
 DRAFTER_MAX_SEQUENCES = 4096
-DRAFTER_MAX_TOKENS_HELD = 2_000_000  # ~1 GB with the n-gram index over them
+DRAFTER_MAX_TOKENS_HELD = 1_000_000  # ~0.7 GB of RSS with the n-gram index over them (measured)
 DRAFTER_IDLE_TIMEOUT_S = 300.0
