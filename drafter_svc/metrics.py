@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from specd.drafts import DraftTree
 from specd.rpc import RpcMetrics
 
 
@@ -23,8 +24,7 @@ class DrafterMetrics:
         self.draft_tokens = Counter("specd_drafter_draft_tokens", "Draft tokens proposed",
                                     ["method"], registry=self.registry).labels(method)
         self.empty_drafts = Counter("specd_drafter_empty_drafts",
-                                    "Sequences the proposer was asked to draft for that got no draft "
-                                    "(nothing matched, or no draft was expected to pay)",
+                                    "Sequences the proposer was asked to draft for that got no draft (nothing matched)",
                                     ["method"], registry=self.registry).labels(method)
         self.resyncs = Counter("specd_drafter_resyncs",
                                "Sequences answered resync_needed: this drafter held fewer tokens than the update "
@@ -36,7 +36,7 @@ class DrafterMetrics:
                                          buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, .01, .025, .05, .1, .5),
                                          ).labels(method)
 
-    def observe_drafts(self, drafts: list[list[int]], seconds: float) -> None:
+    def observe_drafts(self, drafts: list[DraftTree], seconds: float) -> None:
         self.proposals.inc(len(drafts))
         self.draft_tokens.inc(sum(map(len, drafts)))
         self.empty_drafts.inc(sum(1 for draft in drafts if not draft))

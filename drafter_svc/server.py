@@ -1,9 +1,8 @@
 """Build and run the drafter service: one proposer behind specd.v1.Drafter, plus health, reflection and /metrics."""
 from __future__ import annotations
 
-from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST, DraftLengthPolicy
 from drafter_svc.metrics import DrafterMetrics
-from drafter_svc.proposer import PROPOSERS
+from drafter_svc.proposers.registry import PROPOSERS
 from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.servicer import DrafterServicer
 from specd import defaults
@@ -14,13 +13,12 @@ DRAFTER_SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_n
 
 
 def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
-                   metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST,
-                   sequences: SequenceRegistry | None = None) -> Service:
+                   metrics_address: str | None = "127.0.0.1:9102", sequences: SequenceRegistry | None = None) -> Service:
     """A drafter service for `method` (not started). Port 0 in either address picks a free port.
     `sequences` bounds the per-sequence state (default: SequenceRegistry's bounds)."""
     if method not in PROPOSERS:
         raise ValueError(f"unknown drafter method {method!r}; this drafter serves {', '.join(PROPOSERS)}")
-    proposer = PROPOSERS[method](DraftLengthPolicy(draft_token_cost))
+    proposer = PROPOSERS[method]()
     metrics = DrafterMetrics(method)
     servicer = DrafterServicer(proposer, SequenceRegistry() if sequences is None else sequences, metrics)
     spec = ServiceSpec(drafter_pb2_grpc.add_DrafterServicer_to_server, servicer, DRAFTER_SERVICE_NAME)
@@ -28,7 +26,7 @@ def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
 
 
 async def serve(method: str = "ngram", address: str = "127.0.0.1:50061",
-                metrics_address: str | None = "127.0.0.1:9102", draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST,
-                sequences: SequenceRegistry | None = None, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
+                metrics_address: str | None = "127.0.0.1:9102", sequences: SequenceRegistry | None = None,
+                grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
     """Run the drafter until SIGTERM or SIGINT, then shut down gracefully."""
-    await serve_until_signalled(create_service(method, address, metrics_address, draft_token_cost, sequences), grace)
+    await serve_until_signalled(create_service(method, address, metrics_address, sequences), grace)

@@ -6,11 +6,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from drafter_svc.metrics import DrafterMetrics
-from drafter_svc.proposer import DraftParams, Proposer
+from drafter_svc.proposers.base import DraftRequest, Proposer
 from drafter_svc.sequences import SequenceRegistry, SequenceUpdate
-from specd.rpc import rpc_handler
 from specd.errors import InvalidArgument, check_length
 from specd.limits import MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES
+from specd.options import options_from_pb
+from specd.rpc import rpc_handler
+from specd.types import MAX_SPECULATIVE_TOKENS
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 
@@ -28,7 +30,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     @rpc_handler
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
-        requested = _parse_updates(request)
+        requested = self._parse_updates(request)
         drafts = await asyncio.get_running_loop().run_in_executor(self._worker, self._propose, requested)
         return drafter_pb2.ProposeResponse(drafts=drafts)
 
@@ -38,9 +40,14 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         await asyncio.get_running_loop().run_in_executor(self._worker, self._release, list(request.sequence_ids))
         return drafter_pb2.ReleaseResponse()
 
-    def _propose(self, requested: list[tuple[SequenceUpdate, DraftParams]]) -> list[drafter_pb2.Draft]:
-        states = [self._sequences.apply(update) for update, _ in requested]
-        batch = [(state, params) for state, (_, params) in zip(states, requested) if state is not None]
+    @rpc_handler
+    async def Describe(self, request: drafter_pb2.DescribeRequest, context):
+        return self._proposer.schema.to_pb()
+
+    def _propose(self, requested: list[tuple[SequenceUpdate, int, dict]]) -> list[drafter_pb2.Draft]:
+        states = [self._sequences.apply(update) for update, _, _ in requested]
+        batch = [DraftRequest(state, max_tokens, options)
+                 for state, (_, max_tokens, options) in zip(states, requested) if state is not None]
         started = time.perf_counter()
         drafts = self._proposer.propose(batch)
         self._metrics.observe_drafts(drafts, time.perf_counter() - started)
@@ -48,8 +55,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._evict()
         next_draft = iter(drafts).__next__  # drafts come in batch order, which skips the resyncs
         return [drafter_pb2.Draft(sequence_id=update.sequence_id, resync_needed=True) if state is None
-                else drafter_pb2.Draft(sequence_id=update.sequence_id, token_ids=next_draft())
-                for (update, _), state in zip(requested, states)]
+                else next_draft().to_pb(update.sequence_id)
+                for (update, _, _), state in zip(requested, states)]
 
     def _release(self, sequence_ids: list[str]) -> None:
         for sequence_id in sequence_ids:
@@ -66,21 +73,23 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._metrics.sequences.set(len(self._sequences))
         self._metrics.tokens_held.set(self._sequences.tokens_held)
 
-
-def _parse_updates(request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, DraftParams]]:
-    """Every entry, validated before any state changes, so a bad request leaves no trace."""
-    check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
-    total = sum(len(pb.appended_token_ids) for pb in request.sequences)
-    if total > MAX_PROPOSE_TOKENS:
-        raise InvalidArgument("sequences", f"at most {MAX_PROPOSE_TOKENS} appended_token_ids in all, got {total}")
-    parsed, seen = [], set()
-    for i, pb in enumerate(request.sequences):
-        field = f"sequences[{i}]"
-        update = SequenceUpdate.from_pb(pb, field)
-        if update.sequence_id in seen:
-            raise InvalidArgument(f"{field}.sequence_id", f"{update.sequence_id!r} appears twice in one request")
-        seen.add(update.sequence_id)
-        params = DraftParams.from_pb(pb.params)
-        params.validate(f"{field}.params")
-        parsed.append((update, params))
-    return parsed
+    def _parse_updates(self, request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, int, dict]]:
+        """Every entry (its update, draft budget and resolved options), validated before any state
+        changes, so a bad request leaves no trace."""
+        check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
+        total = sum(len(pb.appended_token_ids) for pb in request.sequences)
+        if total > MAX_PROPOSE_TOKENS:
+            raise InvalidArgument("sequences", f"at most {MAX_PROPOSE_TOKENS} appended_token_ids in all, got {total}")
+        parsed, seen = [], set()
+        for i, pb in enumerate(request.sequences):
+            field = f"sequences[{i}]"
+            update = SequenceUpdate.from_pb(pb, field)
+            if update.sequence_id in seen:
+                raise InvalidArgument(f"{field}.sequence_id", f"{update.sequence_id!r} appears twice in one request")
+            seen.add(update.sequence_id)
+            if not 0 <= pb.max_draft_tokens <= MAX_SPECULATIVE_TOKENS:
+                raise InvalidArgument(f"{field}.max_draft_tokens",
+                                      f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {pb.max_draft_tokens}")
+            options = self._proposer.schema.resolve(options_from_pb(pb.options, f"{field}.options"), f"{field}.options")
+            parsed.append((update, pb.max_draft_tokens, options))
+        return parsed

@@ -8,7 +8,7 @@ import time
 import grpc
 
 from gateway.metrics import GatewayMetrics
-from gateway.servicer import GenerationServicer
+from gateway.servicer import GenerationServicer, method_schemas
 from gateway.tokenizer import Tokenizer
 from specd.health import UpstreamHealth
 from specd.rpc import insecure_channel
@@ -59,7 +59,7 @@ async def create_service(model: str, target_address: str, address: str = "127.0.
         model_info = await fetch_model_info(target_pb2_grpc.TargetStub(channel), target_address,
                                             TARGET_STARTUP_TIMEOUT_S)
         # Checked once here: a default the target cannot serve would fail every request.
-        default_speculative.validate(list(model_info.methods))
+        default_speculative.check_as_default(method_schemas(model_info))
     except BaseException:
         await channel.close()
         raise

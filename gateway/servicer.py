@@ -16,6 +16,7 @@ from gateway.tokenizer import Tokenizer
 from gateway.validation import GenerationOptions, check_prompt_fits, validate_request
 from specd.errors import Unavailable
 from specd.health import UpstreamHealth
+from specd.options import OptionSchema
 from specd.rpc import rpc_handler
 from specd.types import FINISH_REASON_NAMES, SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2, target_pb2_grpc
@@ -32,6 +33,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._target_health = target_health
         self._model_info = model_info
         self._max_prompt_chars = model_info.max_context_length * tokenizer.max_token_chars
+        self._schemas = method_schemas(model_info)
         self._default_speculative = default_speculative
         self._metrics = metrics
         self._upstream_timeout_s = upstream_timeout_s
@@ -43,8 +45,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     @rpc_handler
     async def Generate(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         started = time.perf_counter()
-        options = validate_request(request, self._default_speculative, self._model_info.methods,
-                                   self._max_prompt_chars)
+        options = validate_request(request, self._default_speculative, self._schemas, self._max_prompt_chars)
         if not self._target_health.serving:  # fail now rather than wait on a target known to be down
             raise Unavailable(f"target service unavailable: {self._target_health.last_problem}")
         prompt_token_ids = await self._encode(request)
@@ -84,6 +85,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             input_field = "prompt"
         check_prompt_fits(input_field, len(token_ids), self._model_info.max_context_length)
         return token_ids
+
+
+def method_schemas(model_info: target_pb2.ModelInfo) -> dict[str, OptionSchema]:
+    """The options of every method the target serves, as the methods declare them."""
+    return {info.method: OptionSchema.from_pb(info) for info in model_info.method_info}
 
 
 def _target_request(request: generation_pb2.GenerateRequest, prompt_token_ids: list[int],

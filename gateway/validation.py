@@ -2,11 +2,12 @@
 and runs before the prompt is tokenized, so an oversized request costs the gateway nothing."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from specd.errors import InvalidArgument, check_length
 from specd.limits import MAX_CHAT_MESSAGES, MAX_REQUEST_ID_CHARS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from specd.options import OptionSchema
 from specd.types import SamplingParams, SpeculativeConfig
 from specd.v1 import generation_pb2
 
@@ -22,16 +23,15 @@ class GenerationOptions:
 
 
 def validate_request(request: generation_pb2.GenerateRequest, default_speculative: SpeculativeConfig,
-                     served_methods: Sequence[str], max_prompt_chars: int) -> GenerationOptions:
+                     schemas: Mapping[str, OptionSchema], max_prompt_chars: int) -> GenerationOptions:
     """Everything that can be checked before tokenizing; the speculative config is the deployment's
-    default with the request's fields on top. `max_prompt_chars`: longer input cannot fit the
-    context whatever it tokenizes to."""
+    default with the request's fields on top, checked by the served methods' own `schemas`.
+    `max_prompt_chars`: longer input cannot fit the context whatever it tokenizes to."""
     check_length("request_id", request.request_id, MAX_REQUEST_ID_CHARS, "characters")
     check_input(request, max_prompt_chars)
     sampling = SamplingParams.from_pb(request.sampling)
     sampling.validate()
-    speculative = default_speculative.merged_with(request.speculative)
-    speculative.validate(list(served_methods))
+    speculative = default_speculative.resolve(request.speculative, schemas)
     return GenerationOptions(sampling, speculative, check_stop_strings(request.stop))
 
 

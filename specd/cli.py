@@ -11,10 +11,12 @@ import grpc
 
 from specd import top
 from specd.bench import cli as bench_cli
-from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST
+from drafter_svc.proposers.registry import PROPOSERS
+from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
 from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
 from specd import defaults
+from specd.options import Option
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 
@@ -39,29 +41,76 @@ _INT32 = _int_in(-2 ** 31, 2 ** 31 - 1)
 _UINT64 = _int_in(0, 2 ** 64 - 1)
 
 
-def _add_speculative_flags(parser: argparse.ArgumentParser, with_defaults: bool) -> None:
-    """Speculative settings; for `generate` unset flags defer to the deployment's defaults."""
-    d = SpeculativeConfig() if with_defaults else None
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text.lower() in ("true", "1")
+
+
+_OPTION_TYPES = {"int": _INT32, "float": float, "bool": _bool, "string": str}
+
+
+def _declared_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every option the registered drafters declare, by name, with the methods that take it."""
+    declared: dict[str, tuple[Option, list[str]]] = {}
+    for method, proposer in PROPOSERS.items():
+        for option in proposer.schema.options:
+            declared.setdefault(option.name, (option, []))[1].append(method)
+    return declared
+
+
+def _add_speculative_flags(parser: argparse.ArgumentParser, deployment: bool) -> None:
+    """Speculative settings, as vLLM's speculative_config and as flags (the flags win). A deployment's
+    unset ones take specd's defaults; a request's defer to the deployment's."""
+    d = SpeculativeConfig()
     group = parser.add_argument_group("speculative decoding")
-    group.add_argument("--method", default=d and d.method,
-                       help="none | ngram" + (f" (default {d.method})" if d else " (default: the server's)"))
-    group.add_argument("--num-speculative-tokens", "-k", type=_INT32, default=d and d.num_speculative_tokens,
-                       help="most draft tokens per sequence per step, 0..16")
-    group.add_argument("--prompt-lookup-min", type=_INT32, default=d and d.prompt_lookup_min,
-                       help="shortest suffix n-gram the n-gram drafter matches")
-    group.add_argument("--prompt-lookup-max", type=_INT32, default=d and d.prompt_lookup_max,
-                       help="longest suffix n-gram the n-gram drafter matches")
+    group.add_argument("--method", help="none, or a served drafter method such as ngram" +
+                       (f" (default {d.method})" if deployment else " (default: the server's)"))
+    group.add_argument("--num-speculative-tokens", "-k", type=_INT32,
+                       help="most draft tokens per sequence per step, 0..16" +
+                       (f" (default {d.num_speculative_tokens})" if deployment else ""))
+    group.add_argument("--speculative-config", type=_json_object, default={}, metavar="JSON",
+                       help="vLLM-style speculative_config: method, num_speculative_tokens and the method's own "
+                            "options by name, e.g. \'{\"method\": \"ngram\", \"prompt_lookup_max\": 4}\'")
+    for name, (option, methods) in _declared_options().items():
+        group.add_argument(f"--{name.replace('_', '-')}", dest=f"option_{name}", type=_OPTION_TYPES[option.type],
+                           metavar=option.type.upper(),
+                           help=f"{option.help} ({'/'.join(methods)} option, default {option.default})")
+
+
+def _speculative_settings(args: argparse.Namespace) -> dict:
+    """speculative_config keys from --speculative-config with the flags that were given on top."""
+    settings = dict(args.speculative_config)
+    flags = {"method": args.method, "num_speculative_tokens": args.num_speculative_tokens,
+             **{name: getattr(args, f"option_{name}") for name in _declared_options()}}
+    settings.update({key: value for key, value in flags.items() if value is not None})
+    return settings
 
 
 def _speculative_of(args: argparse.Namespace) -> SpeculativeConfig:
-    return SpeculativeConfig(args.method, args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max)
+    """A deployment's default config."""
+    settings, default = _speculative_settings(args), SpeculativeConfig()
+    return SpeculativeConfig(settings.pop("method", default.method),
+                             settings.pop("num_speculative_tokens", default.num_speculative_tokens), settings)
 
 
 def _speculative_overrides(args: argparse.Namespace) -> common_pb2.SpeculativeConfig:
-    pb = common_pb2.SpeculativeConfig(method=args.method or "")
-    for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
-        if getattr(args, name) is not None:
-            setattr(pb, name, getattr(args, name))
+    """A request's config: only what was given."""
+    settings = _speculative_settings(args)
+    pb = common_pb2.SpeculativeConfig(method=settings.pop("method", ""))
+    if "num_speculative_tokens" in settings:
+        pb.num_speculative_tokens = settings.pop("num_speculative_tokens")
+    pb.options.update(settings)
     return pb
 
 
@@ -90,11 +139,15 @@ def _build_parser() -> argparse.ArgumentParser:
     for sub in (target, gateway):
         sub.add_argument("--model", default=DEFAULT_MODEL,
                          help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
-        _add_speculative_flags(sub, with_defaults=True)
-    target.add_argument("--drafter", action="append", default=[], metavar="METHOD=ADDRESS",
-                        help="a drafter service to use, e.g. ngram=127.0.0.1:50061 (repeatable)")
+        _add_speculative_flags(sub, deployment=True)
+    target.add_argument("--drafter", action="append", default=[], metavar="METHOD[=ADDRESS]",
+                        help="a draft source: a drafter service (e.g. ngram=127.0.0.1:50061) or, without an "
+                             "address, a proposer that runs in the target (repeatable)")
     target.add_argument("--drafter-timeout-ms", type=float, default=50.0,
                         help="deadline of one Propose RPC; a late drafter means a draft-free step (default 50)")
+    target.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
+                        help="cost of verifying one more draft token, as a fraction of a one-token step; the "
+                             f"target verifies only the part of a draft expected to pay (default {DEFAULT_DRAFT_TOKEN_COST})")
     target.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
     target.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
     target.add_argument("--default-max-tokens", type=int, default=256,
@@ -113,9 +166,6 @@ def _build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--sequence-idle-timeout", type=float, default=defaults.DRAFTER_IDLE_TIMEOUT_S, metavar="SECONDS",
                          help="a sequence not asked about for this long is dropped "
                               f"(default {defaults.DRAFTER_IDLE_TIMEOUT_S:g})")
-    drafter.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
-                         help="cost of verifying one more draft token, as a fraction of a one-token step "
-                              f"(default {DEFAULT_DRAFT_TOKEN_COST})")
 
     gen = commands.add_parser("generate", help="stream text from a running gateway")
     gen.add_argument("prompt", help="prompt text (a user message with --chat)")
@@ -132,7 +182,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object per chunk, then one with usage")
     gen.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                      help="deadline of the whole request (default: none of the client's own)")
-    _add_speculative_flags(gen, with_defaults=False)
+    _add_speculative_flags(gen, deployment=False)
     gen.set_defaults(run=_generate)
     top.register(commands)
     bench_cli.register(commands)
@@ -183,10 +233,11 @@ def _print_final(chunk, as_json: bool) -> None:
 def _serve(args: argparse.Namespace) -> int:
     if args.service == "target":
         from target_svc.server import TargetOptions, serve
-        drafters = dict(spec.split("=", 1) for spec in args.drafter)
+        drafters = {method: address or None for method, _, address in (spec.partition("=") for spec in args.drafter)}
         asyncio.run(serve(TargetOptions(
             model=args.model, address=args.listen, metrics_address=args.metrics_listen, drafters=drafters,
             default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
+            draft_token_cost=args.draft_token_cost,
             kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
             default_max_tokens=args.default_max_tokens, num_threads=args.threads,
             shutdown_grace_s=args.shutdown_grace)))
@@ -200,7 +251,7 @@ def _serve(args: argparse.Namespace) -> int:
         from drafter_svc.sequences import SequenceRegistry
         sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
-                          draft_token_cost=args.draft_token_cost, sequences=sequences, grace=args.shutdown_grace))
+                          sequences=sequences, grace=args.shutdown_grace))
     return 0
 
 

@@ -14,3 +14,7 @@ MAX_PROPOSE_SEQUENCES = 1024
 MAX_DRAFTER_SEQUENCE_TOKENS = 131072
 MAX_PROPOSE_TOKENS = 262144
 MAX_RELEASE_SEQUENCES = 4096
+
+# Speculative options (SpeculativeConfig.options): how many, and how long a name or string value.
+MAX_OPTIONS = 32
+MAX_OPTION_CHARS = 64

@@ -6,9 +6,11 @@ everything inside a service works on the dataclasses.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from specd.errors import InvalidArgument
+from specd.options import OptionSchema, OptionValue, options_from_pb, options_to_pb
 from specd.v1 import common_pb2
 
 MAX_SPECULATIVE_TOKENS = 16
@@ -61,44 +63,52 @@ class SamplingParams:
         return pb
 
 
+NO_SPECULATION = "none"
+# "none" is a method of every deployment, and it takes no options.
+NONE_SCHEMA = OptionSchema(NO_SPECULATION)
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM-style speculative_config; per deployment, overridable per request."""
+    """vLLM-style speculative_config: the method, the most draft tokens per step, and the method's own
+    options by their flat names. A deployment's config holds defaults for any method's options; a
+    request's resolved config holds exactly its method's options."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 8
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 5
-
-    def validate(self, served_methods: tuple[str, ...] | list[str]) -> None:
-        if self.method not in served_methods:
-            raise InvalidArgument("speculative.method",
-                                  f"unknown method {self.method!r}; this deployment serves {', '.join(served_methods)}")
-        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
-            raise InvalidArgument("speculative.num_speculative_tokens",
-                                  f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
-        if self.prompt_lookup_min < 1:
-            raise InvalidArgument("speculative.prompt_lookup_min", f"must be >= 1, got {self.prompt_lookup_min}")
-        if self.prompt_lookup_max < self.prompt_lookup_min:
-            raise InvalidArgument("speculative.prompt_lookup_max",
-                                  f"must be >= prompt_lookup_min ({self.prompt_lookup_min}), got {self.prompt_lookup_max}")
+    options: Mapping[str, OptionValue] = field(default_factory=dict)
 
     @property
     def speculates(self) -> bool:
-        return self.method != "none" and self.num_speculative_tokens > 0
+        return self.method != NO_SPECULATION and self.num_speculative_tokens > 0
 
-    def merged_with(self, pb: common_pb2.SpeculativeConfig) -> SpeculativeConfig:
-        """This config with the fields a request set overriding it."""
-        overrides = {name: getattr(pb, name) for name in
-                     ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max") if pb.HasField(name)}
-        if pb.method:
-            overrides["method"] = pb.method
-        return replace(self, **overrides)
+    def resolve(self, request: common_pb2.SpeculativeConfig, schemas: Mapping[str, OptionSchema]) -> SpeculativeConfig:
+        """A request's config: the fields it sets over this deployment default, its method's options
+        checked (and completed) by that method's own schema."""
+        method = request.method or self.method
+        schema = schemas.get(method)
+        if schema is None:
+            raise InvalidArgument("speculative.method",
+                                  f"unknown method {method!r}; this deployment serves {', '.join(schemas)}")
+        k = request.num_speculative_tokens if request.HasField("num_speculative_tokens") else \
+            self.num_speculative_tokens
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise InvalidArgument("speculative.num_speculative_tokens",
+                                  f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        declared = {option.name for option in schema.options}
+        defaults = {name: value for name, value in self.options.items() if name in declared}
+        return SpeculativeConfig(method, k, schema.resolve({**defaults, **options_from_pb(request.options)}))
+
+    def check_as_default(self, schemas: Mapping[str, OptionSchema]) -> None:
+        """A deployment default must resolve, and its options must suit the methods that declare them."""
+        self.resolve(common_pb2.SpeculativeConfig(), schemas)
+        for schema in schemas.values():
+            declared = {option.name for option in schema.options}
+            schema.resolve({name: value for name, value in self.options.items() if name in declared})
 
     def to_pb(self) -> common_pb2.SpeculativeConfig:
         return common_pb2.SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
-                                            prompt_lookup_min=self.prompt_lookup_min,
-                                            prompt_lookup_max=self.prompt_lookup_max)
+                                            options=options_to_pb(self.options))
 
 
 @dataclass

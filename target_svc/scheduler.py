@@ -19,7 +19,8 @@ import torch
 
 from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
-from target_svc.drafter_client import Drafters
+from target_svc.drafting.drafters import Drafters
+from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST, worth_verifying
 from target_svc.metrics import TargetMetrics
 from target_svc.model_runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, StepOutput
@@ -30,9 +31,11 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, compute_thread: ThreadPoolExecutor, drafters: Drafters,
-                 metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = 4096):
+                 metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = 4096,
+                 draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST):
         self._runner = runner
         self._drafters = drafters
+        self._draft_token_cost = draft_token_cost
         self._metrics = metrics
         self._max_num_seqs = max_num_seqs
         self._max_step_tokens = max_step_tokens
@@ -83,7 +86,9 @@ class Scheduler:
             return
         drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes])
         batch = prefills + decodes
-        seq_drafts = [drafts.get(s.request_id, []) for s in batch]
+        # The target alone decides how much of each draft to verify: it knows what verifying costs.
+        seq_drafts = [worth_verifying(drafts[s.request_id], self._draft_token_cost) if s.request_id in drafts else []
+                      for s in batch]
         outcomes = await asyncio.get_running_loop().run_in_executor(
             self._compute_thread, self._run_batch, batch, seq_drafts)
         for seq, draft, outcome in zip(batch, seq_drafts, outcomes):

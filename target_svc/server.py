@@ -11,7 +11,11 @@ from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
-from target_svc.drafter_client import DrafterClient, Drafters
+from target_svc.drafting.base import DraftSource
+from target_svc.drafting.drafters import Drafters
+from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
+from target_svc.drafting.registry import IN_TARGET_SOURCES
+from target_svc.drafting.remote import RemoteDrafter
 from target_svc.metrics import TargetMetrics
 from target_svc.model_runner import ModelRunner
 from target_svc.scheduler import Scheduler
@@ -25,9 +29,11 @@ class TargetOptions:
     model: str = DEFAULT_MODEL
     address: str = "127.0.0.1:50052"
     metrics_address: str | None = "127.0.0.1:9101"
-    drafters: dict[str, str] = field(default_factory=dict)  # method -> drafter service address
+    # method -> drafter service address, or None for a proposer that runs in the target
+    drafters: dict[str, str | None] = field(default_factory=dict)
     default_speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     drafter_timeout_s: float = 0.05
+    draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST
     kv_cache_tokens: int = 32768
     max_num_seqs: int = 64
     default_max_tokens: int = 256
@@ -47,21 +53,30 @@ class TargetService(Service):
         self.compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specd-compute")
         self.runner = self.compute_thread.submit(
             ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads).result()
-        clients = [DrafterClient(method, address, options.drafter_timeout_s, self.metrics)
-                   for method, address in options.drafters.items()]
-        self.drafters = Drafters(clients, self.runner.vocab_size)
+        self.drafters = Drafters([self._draft_source(method, address, options) for method, address
+                                  in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
-                                   max_num_seqs=options.max_num_seqs)
+                                   max_num_seqs=options.max_num_seqs, draft_token_cost=options.draft_token_cost)
         info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
                                     vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
-                                    methods=self.drafters.methods, default_max_tokens=options.default_max_tokens)
-        servicer = TargetServicer(self.scheduler, info, options.default_speculative, self.metrics)
-        spec = ServiceSpec(target_pb2_grpc.add_TargetServicer_to_server, servicer,
+                                    default_max_tokens=options.default_max_tokens)
+        self.servicer = TargetServicer(self.scheduler, info, options.default_speculative, self.metrics)
+        spec = ServiceSpec(target_pb2_grpc.add_TargetServicer_to_server, self.servicer,
                            target_pb2.DESCRIPTOR.services_by_name["Target"].full_name)
         super().__init__("target", [spec], options.address, options.metrics_address, self.metrics.registry)
         self._loop_task: asyncio.Task | None = None
 
+    def _draft_source(self, method: str, address: str | None, options: TargetOptions) -> DraftSource:
+        if address:
+            return RemoteDrafter(method, address, options.drafter_timeout_s, self.metrics)
+        if method not in IN_TARGET_SOURCES:
+            raise ValueError(f"no in-target proposer {method!r} (there are: {', '.join(IN_TARGET_SOURCES) or 'none'}); "
+                             f"a drafter service is given as METHOD=ADDRESS")
+        return IN_TARGET_SOURCES[method]()
+
     async def start(self) -> None:
+        await self.drafters.start()
+        self.servicer.serve_methods(self.drafters.schemas)
         self._loop_task = asyncio.get_running_loop().create_task(self.scheduler.run())
         self._loop_task.add_done_callback(self._on_scheduler_exit)
         await super().start()

@@ -7,6 +7,7 @@ import uuid
 from specd.rpc import rpc_handler
 from specd.errors import InvalidArgument, check_length
 from specd.limits import MAX_REQUEST_ID_CHARS
+from specd.options import OptionSchema
 from specd.types import SamplingParams, SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
 from target_svc.metrics import TargetMetrics
@@ -22,7 +23,16 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
         self._scheduler = scheduler
         self._info = model_info
         self._default_speculative = default_speculative
+        self._schemas: dict[str, OptionSchema] = {}
         self.rpc_metrics = metrics.rpc_metrics
+
+    def serve_methods(self, schemas: dict[str, OptionSchema]) -> None:
+        """The methods the deployment serves and their options, known once every draft source has
+        started; the deployment's default must suit them."""
+        self._default_speculative.check_as_default(schemas)
+        self._schemas = schemas
+        self._info.methods[:] = list(schemas)
+        self._info.method_info.extend(schema.to_pb() for schema in schemas.values())
 
     @rpc_handler
     async def Generate(self, request: target_pb2.TargetGenerateRequest, context):
@@ -56,8 +66,7 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
             raise InvalidArgument("prompt_token_ids", f"token ids must be in 0..{self._info.vocab_size - 1}")
         sampling = SamplingParams.from_pb(request.sampling)
         sampling.validate()
-        speculative = self._default_speculative.merged_with(request.speculative)
-        speculative.validate(list(self._info.methods))
+        speculative = self._default_speculative.resolve(request.speculative, self._schemas)
         max_tokens = min(sampling.max_tokens or self._info.default_max_tokens, context_len - len(prompt))
         # A fresh internal id: callers' ids need not be unique (KV block tables' must be), and only
         # this short one travels to the drafters every step.

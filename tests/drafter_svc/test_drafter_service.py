@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.server import create_service
+from specd.options import options_to_pb
 from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS,
                           MAX_RELEASE_SEQUENCES, MAX_SEQUENCE_ID_CHARS)
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
@@ -21,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def started(metrics_address=None):
-    service = create_service(address="127.0.0.1:0", metrics_address=metrics_address, draft_token_cost=0.04)
+    service = create_service(address="127.0.0.1:0", metrics_address=metrics_address)
     await service.start()
     return service
 
@@ -45,13 +46,14 @@ def stub(channel):
     return drafter_pb2_grpc.DrafterStub(channel)
 
 
-def params(k=4, min_n=2, max_n=4):
-    return drafter_pb2.DraftParams(num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=max_n)
+def params(k=4, min_n=2, max_n=4, **options):
+    return dict(max_draft_tokens=k, options=options_to_pb(dict(prompt_lookup_min=min_n, prompt_lookup_max=max_n,
+                                                              **options)))
 
 
 def update(sequence_id, start, tokens, draft_params=None):
     return drafter_pb2.SequenceUpdate(sequence_id=sequence_id, start_position=start, appended_token_ids=tokens,
-                                      params=draft_params or params())
+                                      **(draft_params or params()))
 
 
 async def propose(stub, *updates):
@@ -96,11 +98,12 @@ async def test_release_forgets_sequences(stub):
 
 
 @pytest.mark.parametrize("bad_entry, field", [
-    pytest.param(update("x", 0, [1], params(k=17)), "sequences[1].params.num_speculative_tokens", id="k>16"),
-    pytest.param(update("x", 0, [1], params(k=-1)), "sequences[1].params.num_speculative_tokens", id="k<0"),
-    pytest.param(update("x", 0, [1], params(min_n=0)), "sequences[1].params.prompt_lookup_min", id="min<1"),
-    pytest.param(update("x", 0, [1], params(min_n=3, max_n=2)), "sequences[1].params.prompt_lookup_max",
+    pytest.param(update("x", 0, [1], params(k=17)), "sequences[1].max_draft_tokens", id="k>16"),
+    pytest.param(update("x", 0, [1], params(k=-1)), "sequences[1].max_draft_tokens", id="k<0"),
+    pytest.param(update("x", 0, [1], params(min_n=0)), "sequences[1].options.prompt_lookup_min", id="min<1"),
+    pytest.param(update("x", 0, [1], params(min_n=3, max_n=2)), "sequences[1].options.prompt_lookup_max",
                  id="max<min"),
+    pytest.param(update("x", 0, [1], params(telepathy=1)), "sequences[1].options.telepathy", id="unknown-option"),
     pytest.param(update("x", -1, [1]), "sequences[1].start_position", id="negative-start"),
     pytest.param(update("", 0, [1]), "sequences[1].sequence_id", id="empty-id"),
     pytest.param(update("ok", 0, [1]), "sequences[1].sequence_id", id="same-id-twice"),
@@ -154,6 +157,19 @@ async def test_sequences_never_released_are_evicted_and_the_state_size_is_export
     assert metrics[("specd_drafter_sequences", ())] == 2
     assert metrics[("specd_drafter_tokens_held", ())] == 2 * len(LOOPING_PROMPT)
     assert metrics[("specd_drafter_evictions_total", (("reason", "capacity"),))] == 1
+
+
+async def test_describe_tells_the_method_and_its_options(stub):
+    info = await stub.Describe(drafter_pb2.DescribeRequest())
+    assert info.method == "ngram"
+    assert [(o.name, o.type, o.default_value.number_value) for o in info.options] == \
+        [("prompt_lookup_min", "int", 2), ("prompt_lookup_max", "int", 5)]
+
+
+async def test_drafts_are_trees_with_an_estimate_per_token(stub):
+    (draft,) = await propose(stub, update("loop", 0, LOOPING_PROMPT))
+    assert list(draft.parent_ids) == list(range(-1, len(draft.token_ids) - 1))
+    assert len(draft.probs) == len(draft.token_ids) and all(0 < p <= 1 for p in draft.probs)
 
 
 async def test_health_check_reports_serving(channel):

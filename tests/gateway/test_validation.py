@@ -1,18 +1,19 @@
 import pytest
 
+from drafter_svc.proposers.ngram import NgramProposer
 from gateway.validation import check_prompt_fits, validate_request
 from specd.errors import InvalidArgument
-from specd.types import SpeculativeConfig
+from specd.options import options_to_pb
+from specd.types import NONE_SCHEMA, SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2
 
-DEFAULT_SPECULATIVE = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
-SERVED_METHODS = ("none", "ngram")
+DEFAULT_SPECULATIVE = SpeculativeConfig(method="ngram", num_speculative_tokens=4, options={"prompt_lookup_max": 4})
+SERVED = {"none": NONE_SCHEMA, "ngram": NgramProposer.schema}  # as the target's ModelInfo describes them
 MAX_PROMPT_CHARS = 1000
 
 
 def validate(**fields) -> None:
-    return validate_request(generation_pb2.GenerateRequest(**fields), DEFAULT_SPECULATIVE, SERVED_METHODS,
-                            MAX_PROMPT_CHARS)
+    return validate_request(generation_pb2.GenerateRequest(**fields), DEFAULT_SPECULATIVE, SERVED, MAX_PROMPT_CHARS)
 
 
 def field_of_error(**fields) -> str:
@@ -52,8 +53,25 @@ def test_a_method_the_target_does_not_serve_is_refused():
 
 
 def test_the_speculative_config_is_the_default_with_the_request_fields_on_top():
-    options = validate(prompt="x", speculative=common_pb2.SpeculativeConfig(num_speculative_tokens=2))
-    assert options.speculative == SpeculativeConfig(method="ngram", num_speculative_tokens=2)
+    options = validate(prompt="x", speculative=common_pb2.SpeculativeConfig(
+        num_speculative_tokens=2, options=options_to_pb({"prompt_lookup_min": 3})))
+    assert options.speculative == SpeculativeConfig(method="ngram", num_speculative_tokens=2,
+                                                    options={"prompt_lookup_min": 3, "prompt_lookup_max": 4})
+
+
+def test_options_are_checked_by_the_methods_own_declaration():
+    def config(**options):
+        return common_pb2.SpeculativeConfig(options=options_to_pb(options))
+    assert field_of_error(prompt="x", speculative=config(prompt_lookup_min=0)) == "speculative.options.prompt_lookup_min"
+    assert field_of_error(prompt="x", speculative=config(prompt_lookup_min=2.5)) == \
+        "speculative.options.prompt_lookup_min"
+    assert field_of_error(prompt="x", speculative=config(prompt_lookup_min=5)) == "speculative.options.prompt_lookup_max"
+    assert field_of_error(prompt="x", speculative=config(draft_model="x")) == "speculative.options.draft_model"
+
+
+def test_the_defaults_options_of_another_method_do_not_leak_into_a_request():
+    options = validate(prompt="x", speculative=common_pb2.SpeculativeConfig(method="none"))
+    assert options.speculative == SpeculativeConfig(method="none", num_speculative_tokens=4, options={})
 
 
 def test_a_merged_speculative_config_out_of_range_is_refused():

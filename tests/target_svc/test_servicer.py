@@ -27,7 +27,7 @@ async def target(tiny_model_dir, drafter):
     service = TargetService(TargetOptions(
         model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None,
         drafters={"ngram": drafter.grpc_address}, kv_cache_tokens=2048, default_max_tokens=32,
-        default_speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=8, prompt_lookup_min=1)))
+        default_speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=8, options={"prompt_lookup_min": 1})))
     await service.start()
     yield service
     await service.stop(0)
@@ -176,4 +176,6 @@ async def test_on_shutdown_in_flight_streams_finish_within_the_grace_and_new_one
 async def test_model_info_lists_the_served_methods(stub, target):
     info = await stub.GetModelInfo(target_pb2.ModelInfoRequest())
     assert list(info.methods) == ["none", "ngram"]
+    assert [(m.method, [o.name for o in m.options]) for m in info.method_info] == \
+        [("none", []), ("ngram", ["prompt_lookup_min", "prompt_lookup_max"])]  # as the drafter described them
     assert info.max_context_length == target.runner.max_context_length

@@ -1,4 +1,4 @@
-"""Asks drafter services for drafts, one batched RPC per service per step.
+"""A drafter service as a draft source: one batched Propose RPC per step.
 
 A drafter is an optimisation, never a dependency: any failure or a missed
 deadline means "no drafts this step" for its sequences, and the request goes
@@ -12,7 +12,10 @@ import time
 
 import grpc
 
+from specd.drafts import DraftTree
+from specd.errors import InvalidArgument
 from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES
+from specd.options import OptionSchema, options_to_pb
 from specd.rpc import insecure_channel
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 from target_svc.metrics import TargetMetrics
@@ -22,9 +25,11 @@ log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 1.0
 RELEASE_RETRY_MAX_S = 30.0
+# A drafter service should be listening by the time the target has loaded its model.
+DESCRIBE_TIMEOUT_S = 60.0
 
 
-class DrafterClient:
+class RemoteDrafter:
     """One drafter service; remembers how many of each sequence's tokens it has been told."""
 
     def __init__(self, method: str, address: str, timeout_s: float, metrics: TargetMetrics):
@@ -34,12 +39,30 @@ class DrafterClient:
         self._metrics = metrics
         self._channel = insecure_channel(address)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        self._schema: OptionSchema | None = None
         self._synced: dict[str, int] = {}
         # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
         self._unreleased: set[str] = set()
         self._release_task: asyncio.Task | None = None
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+    @property
+    def schema(self) -> OptionSchema:
+        assert self._schema is not None, "start() first"
+        return self._schema
+
+    async def start(self) -> None:
+        """Learn the method's options from the service itself, waiting for it to come up."""
+        try:
+            info = await self._stub.Describe(drafter_pb2.DescribeRequest(), wait_for_ready=True,
+                                             timeout=DESCRIBE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            raise RuntimeError(f"drafter {self.method!r} at {self.address} did not answer Describe: "
+                               f"{error.code().name} {error.details()}") from error
+        if info.method != self.method:
+            raise RuntimeError(f"the drafter at {self.address} serves {info.method!r}, not {self.method!r}")
+        self._schema = OptionSchema.from_pb(info)
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         """Drafts of at most k tokens for each (sequence, k); {} if the drafter failed."""
         wanted = self._within_bounds(wanted)
         if not wanted:
@@ -70,28 +93,34 @@ class DrafterClient:
         return kept
 
     def _update(self, seq: Sequence, k: int) -> drafter_pb2.SequenceUpdate:
-        spec = seq.speculative
         start = self._synced.get(seq.request_id, 0)
-        return drafter_pb2.SequenceUpdate(
-            sequence_id=seq.request_id, start_position=start, appended_token_ids=seq.tokens[start:],
-            params=drafter_pb2.DraftParams(num_speculative_tokens=k, prompt_lookup_min=spec.prompt_lookup_min,
-                                           prompt_lookup_max=spec.prompt_lookup_max))
+        return drafter_pb2.SequenceUpdate(sequence_id=seq.request_id, start_position=start,
+                                          appended_token_ids=seq.tokens[start:], max_draft_tokens=k,
+                                          options=options_to_pb(seq.speculative.options))
 
-    def _accept(self, wanted: list[tuple[Sequence, int]], response: drafter_pb2.ProposeResponse) -> dict[str, list[int]]:
+    def _accept(self, wanted: list[tuple[Sequence, int]],
+                response: drafter_pb2.ProposeResponse) -> dict[str, DraftTree]:
         if len(response.drafts) != len(wanted):
             self._metrics.drafter_failures.labels(self.method, "MALFORMED").inc()
             return {}
         drafts = {}
-        for (seq, k), draft in zip(wanted, response.drafts):
+        for (seq, k), pb in zip(wanted, response.drafts):
             # Only after a successful reply do we know the drafter holds every token.
-            self._synced[seq.request_id] = 0 if draft.resync_needed else len(seq.tokens)
-            drafts[seq.request_id] = list(draft.token_ids[:k])
+            self._synced[seq.request_id] = 0 if pb.resync_needed else len(seq.tokens)
+            draft = DraftTree.from_pb(pb)
+            try:
+                draft.validate("draft")
+            except InvalidArgument:
+                self._metrics.drafter_failures.labels(self.method, "MALFORMED").inc()
+                continue
+            drafts[seq.request_id] = draft.truncated(k)
         return drafts
 
-    def release(self, request_ids: list[str]) -> None:
-        """Tell the drafter these sequences finished, in the background, retrying until it has
-        heard (a drafter that restarted meanwhile holds nothing: telling it is harmless)."""
-        self._unreleased.update(i for i in request_ids if self._synced.pop(i, None) is not None)
+    def release(self, sequence: Sequence) -> None:
+        """Tell the drafter the sequence finished, in the background, retrying until it has heard
+        (a drafter that restarted meanwhile holds nothing: telling it is harmless)."""
+        if self._synced.pop(sequence.request_id, None) is not None:
+            self._unreleased.add(sequence.request_id)
         if self._unreleased and (self._release_task is None or self._release_task.done()):
             self._release_task = asyncio.get_running_loop().create_task(self._release_until_heard())
 
@@ -113,35 +142,3 @@ class DrafterClient:
         if self._release_task is not None:
             self._release_task.cancel()
         await self._channel.close()
-
-
-class Drafters:
-    """Every drafter service of the deployment, keyed by method."""
-
-    def __init__(self, clients: list[DrafterClient], vocab_size: int):
-        self._clients = {c.method: c for c in clients}
-        self._vocab_size = vocab_size
-
-    @property
-    def methods(self) -> list[str]:
-        return ["none", *self._clients]
-
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
-        """Drafts for every (sequence, k) with k > 0, asking all services concurrently."""
-        by_method: dict[str, list[tuple[Sequence, int]]] = {}
-        for seq, k in wanted:
-            if k > 0 and seq.speculative.method in self._clients:
-                by_method.setdefault(seq.speculative.method, []).append((seq, k))
-        replies = await asyncio.gather(*(self._clients[m].propose(group) for m, group in by_method.items()))
-        drafts = {}
-        for reply in replies:
-            drafts.update({sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d)})
-        return drafts
-
-    def release(self, seq: Sequence) -> None:
-        client = self._clients.get(seq.speculative.method)
-        if client is not None:
-            client.release([seq.request_id])
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._clients.values()))

@@ -1,15 +1,14 @@
 """n-gram prompt lookup: find the longest suffix of the sequence that occurred
-earlier in it and propose the tokens that followed that earlier occurrence."""
+earlier in it and propose the tokens that followed that earlier occurrence, each
+with an estimate of its chance of acceptance."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from drafter_svc.draft_length import DraftLengthPolicy
-from drafter_svc.sequences import SequenceState
-
-if TYPE_CHECKING:
-    from drafter_svc.proposer import DraftParams
+from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.sequences import AcceptanceHistory, SequenceState
+from specd.drafts import DraftTree
+from specd.options import Option, OptionSchema
 
 # Longer matches add little evidence, and each n looked up costs an index entry per token,
 # so longer prompt_lookup_max values are served as this (rejecting them would fail the whole batch).
@@ -63,27 +62,46 @@ def _continuation(tokens: list[int], start: int, limit: int) -> list[int]:
     return out
 
 
+def prior_acceptance(match_length: int) -> float:
+    """Acceptance we expect before seeing any outcome: n matched tokens count as
+    n hits against two misses, so longer n-gram matches are trusted more."""
+    return match_length / (match_length + 2)
+
+
+# Pseudo-observations the match-length prior is worth: small, so the sequence's own record dominates quickly.
+PRIOR_WEIGHT = 0.5
+
+
+def estimated_acceptance(history: AcceptanceHistory, match_length: int) -> float:
+    """Posterior mean of the per-position acceptance probability (Beta prior + recent outcomes)."""
+    hits = PRIOR_WEIGHT * prior_acceptance(match_length) + history.accepted
+    return hits / (PRIOR_WEIGHT + history.accepted + history.rejected)
+
+
 class NgramProposer:
-    """Prompt-lookup drafts, each cut to the length the draft-length policy expects to pay."""
+    """Prompt-lookup chains, every token estimated at the sequence's current acceptance rate."""
 
-    method = "ngram"
+    schema = OptionSchema("ngram", (
+        Option("prompt_lookup_min", "int", 2, minimum=1, help="shortest suffix n-gram to match"),
+        Option("prompt_lookup_max", "int", 5, minimum=1, at_least="prompt_lookup_min",
+               help=f"longest suffix n-gram to match (served as at most {LONGEST_NGRAM})"),
+    ))
 
-    def __init__(self, policy: DraftLengthPolicy):
-        self.policy = policy
+    def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
+        return [self._propose_one(request) for request in batch]
 
-    def propose(self, batch: list[tuple[SequenceState, DraftParams]]) -> list[list[int]]:
-        return [self._propose_one(seq, params) for seq, params in batch]
-
-    def release(self, seq: SequenceState) -> None:
+    def release(self, sequence: SequenceState) -> None:
         """Nothing to learn across sequences; the index goes with the sequence's state."""
 
-    def _propose_one(self, seq: SequenceState, params: DraftParams) -> list[int]:
+    def _propose_one(self, request: DraftRequest) -> DraftTree:
+        seq, options = request.sequence, request.options
         index = seq.proposer_state
         if index is None or index.epoch != seq.epoch:
             index = seq.proposer_state = NgramIndex(seq.epoch)
-        match = index.longest_match(seq.tokens, min(params.prompt_lookup_min, LONGEST_NGRAM),
-                                    min(params.prompt_lookup_max, LONGEST_NGRAM), params.num_speculative_tokens)
+        match = index.longest_match(seq.tokens, min(options["prompt_lookup_min"], LONGEST_NGRAM),
+                                    min(options["prompt_lookup_max"], LONGEST_NGRAM), request.max_tokens)
         if match is None or not match.continuation:
-            return []
+            return DraftTree()
         seq.expect(match.continuation)
-        return match.continuation[:self.policy.draft_length(seq.acceptance, match.length, len(match.continuation))]
+        acceptance = estimated_acceptance(seq.acceptance, match.length)
+        return DraftTree.chain(match.continuation, [acceptance] * len(match.continuation))

@@ -1,10 +1,11 @@
-"""n-gram prompt lookup: the index, and the proposer built on it."""
+"""n-gram prompt lookup: the index, the acceptance estimates, and the proposer built on them."""
 import random
 
-from drafter_svc.draft_length import DraftLengthPolicy
-from drafter_svc.ngram import NgramIndex, NgramProposer
-from drafter_svc.proposer import DraftParams
-from drafter_svc.sequences import SequenceState
+from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.proposers.ngram import NgramIndex, NgramProposer, estimated_acceptance, prior_acceptance
+from drafter_svc.sequences import AcceptanceHistory, SequenceState
+from specd.drafts import DraftTree
+from target_svc.drafting.length import best_draft_length
 
 
 def lookup(tokens, min_n=1, max_n=4, limit=4):
@@ -76,60 +77,80 @@ def sequence(tokens):
     return seq
 
 
-def propose(proposer, seq, k=8, min_n=2, max_n=4):
-    return proposer.propose([(seq, DraftParams(k, min_n, max_n))])[0]
+def propose(proposer, seq, k=8, min_n=2, max_n=4) -> DraftTree:
+    options = {"prompt_lookup_min": min_n, "prompt_lookup_max": max_n}
+    return proposer.propose([DraftRequest(seq, k, options)])[0]
 
 
-def test_proposer_drafts_what_followed_the_match():
-    proposer = NgramProposer(DraftLengthPolicy())
-    assert propose(proposer, sequence([1, 2, 3, 4, 5, 9, 1, 2, 3]))[:2] == [4, 5]
+def test_proposer_drafts_what_followed_the_match_as_a_chain():
+    draft = propose(NgramProposer(), sequence([1, 2, 3, 4, 5, 9, 1, 2, 3]))
+    assert draft.token_ids[:2] == (4, 5)
+    assert draft.is_chain and len(draft.probs) == len(draft)
 
 
 def test_proposer_drafts_nothing_without_a_match():
-    proposer = NgramProposer(DraftLengthPolicy())
-    assert propose(proposer, sequence([1, 2, 3, 4, 5])) == []
+    assert len(propose(NgramProposer(), sequence([1, 2, 3, 4, 5]))) == 0
 
 
-def test_proposer_never_drafts_more_than_k():
-    proposer = NgramProposer(DraftLengthPolicy(draft_token_cost=0.0))  # free verification: draft all it can
+def test_proposer_proposes_up_to_the_targets_budget_and_no_more():
     seq = sequence([1, 2, 3, 4] * 20)
-    assert len(propose(proposer, seq, k=5)) == 5
-    assert propose(proposer, seq, k=0) == []
+    assert len(propose(NgramProposer(), seq, k=5)) == 5
+    assert len(propose(NgramProposer(), seq, k=0)) == 0
 
 
 def test_a_huge_prompt_lookup_max_is_served_not_refused():
-    proposer = NgramProposer(DraftLengthPolicy())
     seq = sequence(list(range(40)) * 3)
-    assert propose(proposer, seq, k=2, min_n=2, max_n=100_000) == [0, 1]
-    assert propose(proposer, seq, k=2, min_n=100_000, max_n=100_000) == [0, 1]  # as LONGEST_NGRAM-grams
+    assert propose(NgramProposer(), seq, k=2, min_n=2, max_n=100_000).token_ids == (0, 1)
+    assert propose(NgramProposer(), seq, k=2, min_n=100_000, max_n=100_000).token_ids == (0, 1)  # LONGEST_NGRAM
 
 
 def test_proposer_answers_each_sequence_of_the_batch_in_order():
-    proposer = NgramProposer(DraftLengthPolicy())
     batch = [sequence([1, 2, 3, 4, 5, 1, 2, 3]), sequence([9, 8, 7]), sequence([5, 6, 7, 5, 6])]
-    drafts = proposer.propose([(seq, DraftParams(1, 2, 4)) for seq in batch])
-    assert drafts == [[4], [], [7]]
+    options = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    drafts = NgramProposer().propose([DraftRequest(seq, 1, options) for seq in batch])
+    assert [d.token_ids for d in drafts] == [(4,), (), (7,)]
 
 
 def test_proposer_reindexes_when_held_tokens_are_replaced():
-    proposer = NgramProposer(DraftLengthPolicy())
-    seq = sequence([1, 2, 3, 4, 1, 2, 3])
-    assert propose(proposer, seq, k=1) == [4]
+    proposer, seq = NgramProposer(), sequence([1, 2, 3, 4, 1, 2, 3])
+    assert propose(proposer, seq, k=1).token_ids == (4,)
     seq.apply(4, [9, 9, 2, 3, 7, 2, 3])  # the tail differs: 1, 2, 3 no longer precedes 4
-    assert propose(proposer, seq, k=1) == [7]
+    assert propose(proposer, seq, k=1).token_ids == (7,)
 
 
-def test_proposer_stops_drafting_when_drafts_keep_failing_and_resumes_when_they_match():
-    proposer = NgramProposer(DraftLengthPolicy(draft_token_cost=0.04))  # cheap verification: resumes after one hit
-    seq = sequence([1, 2, 3])
+def test_longer_matches_are_trusted_more_at_first():
+    assert [prior_acceptance(n) for n in (1, 2, 3, 5)] == sorted(prior_acceptance(n) for n in (1, 2, 3, 5))
+    fresh = AcceptanceHistory()
+    assert estimated_acceptance(fresh, match_length=1) < estimated_acceptance(fresh, match_length=5)
+
+
+def test_a_sequence_whose_drafts_keep_matching_gets_high_estimates():
+    history = AcceptanceHistory()
+    for _ in range(10):
+        history.record(accepted=8, rejected=False)
+    assert estimated_acceptance(history, match_length=2) > 0.95
+
+
+def test_estimates_fall_while_drafts_fail_and_recover_once_they_match():
+    proposer, seq = NgramProposer(), sequence([1, 2, 3, 1, 2])
     fresh = iter(range(100, 10_000))
+    estimates = []
     # each step the text goes on with [new token, 1, 2]: the lookup finds (1, 2) and guesses
     # the token that followed it last time, which is always wrong
     for _ in range(30):
-        propose(proposer, seq)
+        estimates.append(propose(proposer, seq).probs[0])
         seq.apply(len(seq.tokens), [next(fresh), 1, 2])
-    assert propose(proposer, seq) == []
+    assert estimates == sorted(estimates, reverse=True) and estimates[-1] < 0.05
     # then the text loops over its last three tokens, as the lookup guesses; one plain
-    # step that confirms the guess brings the drafts back
+    # step that confirms the guess raises the estimate again
     seq.apply(len(seq.tokens), [seq.tokens[-3]])
-    assert propose(proposer, seq) != []
+    assert propose(proposer, seq).probs[0] > estimates[-1]
+
+
+def test_the_estimates_give_the_draft_lengths_the_target_verifies():
+    history = AcceptanceHistory()
+    lengths = []
+    for _ in range(15):
+        lengths.append(best_draft_length([estimated_acceptance(history, 3)] * 8, draft_token_cost=0.04))
+        history.record(accepted=0, rejected=True)
+    assert lengths[0] >= 2 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0

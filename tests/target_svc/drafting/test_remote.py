@@ -1,4 +1,5 @@
-"""The target's side of the drafter API, against real drafter services on loopback."""
+"""The target's side of the drafter API (a drafter service as a draft source), against real drafter
+services on loopback."""
 import asyncio
 
 import pytest
@@ -8,15 +9,18 @@ from drafter_svc.server import create_service as create_drafter
 from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_TOKENS
 from specd.stack import free_ports
 from specd.types import SamplingParams, SpeculativeConfig
-from target_svc.drafter_client import DrafterClient
+from target_svc.drafting.remote import RemoteDrafter
 from target_svc.metrics import TargetMetrics
 from target_svc.sequence import Sequence
 
 LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4
 
 
+NGRAM = SpeculativeConfig("ngram", 4, {"prompt_lookup_min": 2, "prompt_lookup_max": 5})
+
+
 def sequence(name: str, prompt=LOOPING_PROMPT) -> Sequence:
-    return Sequence(name, list(prompt), SamplingParams(), SpeculativeConfig(), 16, frozenset())
+    return Sequence(name, list(prompt), SamplingParams(), NGRAM, 16, frozenset())
 
 
 @pytest.fixture
@@ -26,7 +30,7 @@ def address() -> str:
 
 @pytest.fixture
 async def client(address):
-    client = DrafterClient("ngram", address, timeout_s=2.0, metrics=TargetMetrics())
+    client = RemoteDrafter("ngram", address, timeout_s=2.0, metrics=TargetMetrics())
     yield client
     await client.close()
 
@@ -48,10 +52,11 @@ async def eventually(condition, timeout_s: float = 15.0) -> bool:
 async def test_a_release_the_drafter_missed_is_retried_until_it_hears(client, address):
     held = SequenceRegistry()
     drafter = await started_drafter(address, held)
-    await client.propose([(sequence("s"), 4)])
+    seq = sequence("s")
+    await client.propose([(seq, 4)])
     assert len(held) == 1
     await drafter.stop(grace=0)  # the drafter is unreachable when the sequence finishes
-    client.release(["s"])
+    client.release(seq)
     await asyncio.sleep(1.0)
     assert len(held) == 1
     drafter = await started_drafter(address, held)  # reachable again, its state as it was

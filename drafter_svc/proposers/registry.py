@@ -1,0 +1,16 @@
+"""Every proposer a drafter service can serve, by method name. A new drafter: one file, one line here."""
+from __future__ import annotations
+
+from drafter_svc.proposers.base import Proposer
+from drafter_svc.proposers.ngram import NgramProposer
+
+PROPOSERS: dict[str, type[Proposer]] = {}
+
+
+def register(proposer: type[Proposer]) -> type[Proposer]:
+    """Make `proposer` servable as `specd serve drafter --method <its schema's method>`."""
+    PROPOSERS[proposer.schema.method] = proposer
+    return proposer
+
+
+register(NgramProposer)

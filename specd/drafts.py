@@ -1,0 +1,72 @@
+"""The one draft type: a token tree with an acceptance estimate per token.
+
+Tokens are flat; each has the index of its parent (-1: the sequence's last committed token), and
+parents come before their children. A chain is the tree whose every node has one child. Proposers,
+the drafter API and the target's step all speak this type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specd.errors import InvalidArgument
+from specd.v1 import drafter_pb2
+
+ROOT = -1  # the parent index of a token that follows the sequence's last committed token
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    token_ids: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+    # probs[i]: estimated chance the target accepts token i once its parent was accepted
+    probs: tuple[float, ...] = ()
+    score: float = 0.0  # the drafter's confidence in the whole draft; 0 = no opinion
+
+    @classmethod
+    def chain(cls, token_ids: list[int], probs: list[float] | None = None, score: float = 0.0) -> DraftTree:
+        """Tokens one after another; without probs every token is estimated at 1."""
+        return cls(tuple(token_ids), tuple(range(ROOT, len(token_ids) - 1)),
+                   tuple(probs) if probs is not None else (1.0,) * len(token_ids), score)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == tuple(range(ROOT, len(self.token_ids) - 1))
+
+    def first_path(self) -> DraftTree:
+        """The chain that follows each node's first child from the root: all of a chain."""
+        if self.is_chain:
+            return self
+        path, parent = [], ROOT
+        for i, p in enumerate(self.parents):
+            if p == parent:
+                path.append(i)
+                parent = i
+        return DraftTree.chain([self.token_ids[i] for i in path], [self.probs[i] for i in path], self.score)
+
+    def truncated(self, num_tokens: int) -> DraftTree:
+        """The first num_tokens nodes: still a tree, because parents come before children."""
+        if num_tokens >= len(self):
+            return self
+        return DraftTree(self.token_ids[:num_tokens], self.parents[:num_tokens], self.probs[:num_tokens], self.score)
+
+    def validate(self, field_prefix: str) -> None:
+        if not len(self.parents) == len(self.probs) == len(self.token_ids):
+            raise InvalidArgument(f"{field_prefix}.parent_ids",
+                                  "token_ids, parent_ids and probs must have the same length")
+        for i, parent in enumerate(self.parents):
+            if not ROOT <= parent < i:
+                raise InvalidArgument(f"{field_prefix}.parent_ids[{i}]",
+                                      f"must be -1 or the index of an earlier token, got {parent}")
+        if not all(0.0 <= p <= 1.0 for p in self.probs):
+            raise InvalidArgument(f"{field_prefix}.probs", "must be probabilities in [0, 1]")
+
+    def to_pb(self, sequence_id: str) -> drafter_pb2.Draft:
+        return drafter_pb2.Draft(sequence_id=sequence_id, token_ids=self.token_ids, parent_ids=self.parents,
+                                 probs=self.probs, score=self.score)
+
+    @classmethod
+    def from_pb(cls, pb: drafter_pb2.Draft) -> DraftTree:
+        return cls(tuple(pb.token_ids), tuple(pb.parent_ids), tuple(pb.probs), pb.score)

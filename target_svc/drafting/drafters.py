@@ -1,0 +1,48 @@
+"""Every draft source of the deployment, by method: one step asks them all concurrently."""
+from __future__ import annotations
+
+import asyncio
+
+from specd.drafts import DraftTree
+from specd.options import OptionSchema
+from specd.types import NONE_SCHEMA
+from target_svc.drafting.base import DraftSource
+from target_svc.sequence import Sequence
+
+
+class Drafters:
+    def __init__(self, sources: list[DraftSource], vocab_size: int):
+        self._sources = {source.method: source for source in sources}
+        self._vocab_size = vocab_size
+
+    async def start(self) -> None:
+        await asyncio.gather(*(source.start() for source in self._sources.values()))
+
+    @property
+    def methods(self) -> list[str]:
+        return [NONE_SCHEMA.method, *self._sources]
+
+    @property
+    def schemas(self) -> dict[str, OptionSchema]:
+        """Every served method's options ("none" included), as the methods declare them."""
+        return {NONE_SCHEMA.method: NONE_SCHEMA, **{m: s.schema for m, s in self._sources.items()}}
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        """Drafts for every (sequence, k) with k > 0, asking all sources concurrently."""
+        by_method: dict[str, list[tuple[Sequence, int]]] = {}
+        for seq, k in wanted:
+            if k > 0 and seq.speculative.method in self._sources:
+                by_method.setdefault(seq.speculative.method, []).append((seq, k))
+        replies = await asyncio.gather(*(self._sources[m].propose(group) for m, group in by_method.items()))
+        drafts = {}
+        for reply in replies:  # a token the model cannot embed would fail the step: drop such drafts
+            drafts.update({sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d.token_ids)})
+        return drafts
+
+    def release(self, seq: Sequence) -> None:
+        source = self._sources.get(seq.speculative.method)
+        if source is not None:
+            source.release(seq)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(source.close() for source in self._sources.values()))
