@@ -11,6 +11,17 @@ from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 DEFAULT_GATEWAY = "127.0.0.1:50051"
 
 
+def speculative_config(method: str = "", num_speculative_tokens: int | None = None,
+                       **options) -> common_pb2.SpeculativeConfig:
+    """A request's speculative settings in vLLM's flat form: what is left out takes the deployment's
+    defaults, and the keyword options are the method's own (e.g. prompt_lookup_max=4 for ngram)."""
+    pb = common_pb2.SpeculativeConfig(method=method)
+    if num_speculative_tokens is not None:
+        pb.num_speculative_tokens = num_speculative_tokens
+    pb.options.update(options)
+    return pb
+
+
 def build_request(prompt: str | None = None, messages: list[dict[str, str]] | None = None,
                   sampling: SamplingParams = SamplingParams(), stop: list[str] | None = None,
                   speculative: common_pb2.SpeculativeConfig | None = None) -> generation_pb2.GenerateRequest:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from specd.latency import LATENCY_BUCKETS
 from specd.rpc import RpcMetrics
 
-_LATENCY_BUCKETS = (.005, .01, .025, .05, .075, .1, .15, .2, .3, .5, .75, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST_BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1)
 
 
@@ -22,17 +22,17 @@ class TargetMetrics:
                                          ["reason"], registry=r)
         self.queue_time = Histogram("specd_request_queue_time_seconds",
                                     "Seconds from a request's arrival to its admission into the running batch",
-                                    registry=r, buckets=_LATENCY_BUCKETS)
+                                    registry=r, buckets=LATENCY_BUCKETS)
         self.time_to_first_token = Histogram("specd_time_to_first_token_seconds",
                                              "Seconds from a request's arrival to its first output token, by method",
-                                             ["method"], registry=r, buckets=_LATENCY_BUCKETS)
+                                             ["method"], registry=r, buckets=LATENCY_BUCKETS)
         self.inter_token_latency = Histogram(
             "specd_inter_token_latency_seconds",
             "Seconds between consecutive output tokens, by method (a step's gap divided by the tokens it produced)",
-            ["method"], registry=r, buckets=_LATENCY_BUCKETS)
+            ["method"], registry=r, buckets=LATENCY_BUCKETS)
         self.e2e_latency = Histogram("specd_e2e_request_latency_seconds",
                                      "Seconds from a request's arrival to its last output token, by method",
-                                     ["method"], registry=r, buckets=_LATENCY_BUCKETS)
+                                     ["method"], registry=r, buckets=LATENCY_BUCKETS)
         self.draft_tokens = Counter("specd_draft_tokens", "Draft tokens the target verified, by method",
                                     ["method"], registry=r)
         self.accepted_tokens = Counter(
@@ -66,7 +66,7 @@ class TargetMetrics:
             registry=r, buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384))
         self.forward_time = Histogram("specd_forward_seconds",
                                       "Seconds of one target step on the worker thread: the batched forward pass "
-                                      "plus verification", registry=r, buckets=_LATENCY_BUCKETS)
+                                      "plus verification", registry=r, buckets=LATENCY_BUCKETS)
         self.kv_blocks_used = Gauge("specd_kv_cache_blocks_used", "KV cache blocks holding tokens of running sequences",
                                     registry=r)
         self.kv_blocks_total = Gauge("specd_kv_cache_blocks_total",

@@ -23,7 +23,7 @@ from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST, worth_verifying
 from target_svc.metrics import TargetMetrics
 from target_svc.model_runner import ModelRunner, SequenceInput
-from target_svc.sequence import Sequence, StepOutput
+from target_svc.sequence import Sequence, SequenceStatus, StepOutput
 from target_svc.verifier import VerifyInput, VerifyResult, verify
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Scheduler:
     def _input_of(seq: Sequence, draft: list[int]) -> SequenceInput:
         if seq.in_prefill:
             return SequenceInput(seq.request_id, seq.prompt, 0, 1)
-        return SequenceInput(seq.request_id, [seq.tokens[-1], *draft], seq.num_cached, len(draft) + 1)
+        return SequenceInput(seq.request_id, [seq.tokens[-1], *draft], seq.num_computed, len(draft) + 1)
 
     # -- admission and retirement ---------------------------------------------
 
@@ -145,8 +145,8 @@ class Scheduler:
             free -= blocks
             budget -= len(seq.prompt)
             self._promised_blocks[seq.request_id] = blocks
-            seq.scheduled_at = time.perf_counter()
-            self._metrics.queue_time.observe(seq.scheduled_at - seq.arrived_at)
+            seq.status, seq.scheduled_at = SequenceStatus.RUNNING, time.perf_counter()
+            self._metrics.queue_time.observe(seq.scheduled_at - seq.clock.started)
             self._running.append(seq)
             admitted.append(seq)
         self._update_gauges()
@@ -160,6 +160,9 @@ class Scheduler:
         for seq in [s for s in self._running if s.aborted]:
             self._finish(seq, "aborted")
         if any(s.aborted for s in self._waiting):
+            for seq in self._waiting:
+                if seq.aborted:
+                    seq.status = SequenceStatus.FINISHED
             self._waiting = deque(s for s in self._waiting if not s.aborted)
         self._update_gauges()
 
@@ -168,6 +171,7 @@ class Scheduler:
         self._finish(seq, "error")
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
         self._runner.allocator.free(seq.request_id)
         self._promised_blocks.pop(seq.request_id, None)
         self._drafters.release(seq)
@@ -185,20 +189,20 @@ class Scheduler:
 
     def _commit(self, seq: Sequence, draft: list[int], result: VerifyResult) -> None:
         out = seq.commit(result.tokens(draft), result.num_accepted, len(draft))
-        self._runner.allocator.truncate(seq.request_id, seq.num_cached)  # roll back rejected drafts
+        self._runner.allocator.truncate(seq.request_id, seq.num_computed)  # roll back rejected drafts
         self._record(seq, draft, out)
         seq.outputs.put_nowait(out)
         if out.finish_reason:
             self._finish(seq, FINISH_REASON_NAMES[out.finish_reason])
-            self._metrics.e2e_latency.labels(seq.speculative.method).observe(time.perf_counter() - seq.arrived_at)
+            self._metrics.e2e_latency.labels(seq.speculative.method).observe(time.perf_counter() - seq.clock.started)
 
     def _record(self, seq: Sequence, draft: list[int], out: StepOutput) -> None:
-        m, method, now = self._metrics, seq.speculative.method, time.perf_counter()
-        if seq.last_token_at is None:
-            m.time_to_first_token.labels(method).observe(now - seq.arrived_at)
+        m, method = self._metrics, seq.speculative.method
+        time_to_first_token, gap = seq.clock.tick(len(out.token_ids))
+        if time_to_first_token is not None:
+            m.time_to_first_token.labels(method).observe(time_to_first_token)
         else:
-            gap = (now - seq.last_token_at) / max(1, len(out.token_ids))
-            for _ in out.token_ids:
+            for _ in out.token_ids:  # one observation per token
                 m.inter_token_latency.labels(method).observe(gap)
             m.verification_steps.labels(method).inc()
             m.draft_tokens.labels(method).inc(len(draft))
@@ -208,7 +212,6 @@ class Scheduler:
             for position in range(out.accepted_draft_tokens):
                 m.accepted_per_position.labels(method, str(position)).inc()
         m.output_tokens.labels(method).inc(len(out.token_ids))
-        seq.last_token_at = now
 
     async def close(self) -> None:
         self._compute_thread.shutdown(wait=True)

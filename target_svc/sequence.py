@@ -1,12 +1,14 @@
-"""A request as the target's scheduler sees it."""
+"""A request as the target's scheduler sees it, its state explicit: where it is in its life
+(`status`) and how many of its tokens the KV cache holds (`num_computed`)."""
 from __future__ import annotations
 
 import asyncio
-import time
+import enum
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from specd.latency import TokenClock
 from specd.types import SamplingParams, SpeculativeConfig, Usage
 from specd.v1 import common_pb2
 
@@ -20,6 +22,12 @@ class StepOutput:
     usage: Usage = field(default_factory=Usage)  # running totals of the request so far
 
 
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # submitted, not yet admitted (no KV memory)
+    RUNNING = "running"  # admitted: prefilling or decoding
+    FINISHED = "finished"  # done, failed or aborted; its KV memory is freed
+
+
 @dataclass
 class Sequence:
     request_id: str
@@ -30,10 +38,13 @@ class Sequence:
     eos_token_ids: frozenset[int]
     usage: Usage = field(default_factory=Usage)
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
-    arrived_at: float = field(default_factory=time.perf_counter)
+    clock: TokenClock = field(default_factory=TokenClock)  # started when the request arrived
     scheduled_at: float | None = None
-    last_token_at: float | None = None
-    aborted: bool = False
+    aborted: bool = False  # the client went away: drop at the next step boundary
+    status: SequenceStatus = SequenceStatus.WAITING
+    # Tokens whose K/V the cache holds for good: 0 until the prompt's prefill, then all but the
+    # newest token (the next step feeds it in).
+    num_computed: int = 0
 
     def __post_init__(self):
         # Prompt + output in one list that only grows: the decode step reads it every step.
@@ -47,18 +58,8 @@ class Sequence:
         return len(self.tokens) - len(self.prompt)
 
     @property
-    def num_cached(self) -> int:
-        """Tokens whose KV entries are committed: all but the newest, which the next step feeds in."""
-        return len(self.tokens) - 1
-
-    @property
-    def num_computed(self) -> int:
-        """Tokens whose KV entries the cache holds for good: none before the prompt's prefill."""
-        return 0 if self.in_prefill else self.num_cached
-
-    @property
     def in_prefill(self) -> bool:
-        return self.num_output == 0
+        return self.num_computed < len(self.prompt)
 
     @property
     def remaining(self) -> int:
@@ -81,6 +82,7 @@ class Sequence:
             new_tokens, reason = new_tokens[:self.remaining], common_pb2.FINISH_REASON_LENGTH
         accepted = min(accepted, len(new_tokens))
         self.tokens.extend(new_tokens)
+        self.num_computed = len(self.tokens) - 1
         self.usage.completion_tokens = self.num_output
         self.usage.verification_steps += 1
         self.usage.draft_tokens += num_drafts

@@ -3,7 +3,9 @@ import math
 
 import pytest
 
+from specd.client import speculative_config
 from specd.errors import InvalidArgument
+from specd.options import options_from_pb
 from specd.types import SamplingParams
 
 
@@ -28,3 +30,9 @@ def test_values_that_are_not_finite_or_out_of_range_name_their_field(fields, fie
     with pytest.raises(InvalidArgument) as error:
         SamplingParams(**fields).validate()
     assert error.value.field == field
+
+
+def test_the_client_builds_speculative_settings_in_vllms_flat_form():
+    pb = speculative_config("ngram", 4, prompt_lookup_max=3)
+    assert (pb.method, pb.num_speculative_tokens, options_from_pb(pb.options)) == ("ngram", 4, {"prompt_lookup_max": 3})
+    assert not speculative_config().HasField("num_speculative_tokens")  # left to the deployment

@@ -12,7 +12,7 @@ from target_svc.drafting.drafters import Drafters
 from target_svc.metrics import TargetMetrics
 from target_svc.model_runner import ModelRunner
 from target_svc.scheduler import Scheduler
-from target_svc.sequence import Sequence
+from target_svc.sequence import Sequence, SequenceStatus
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7]
 NO_SPECULATION = SpeculativeConfig(method="none")
@@ -73,3 +73,15 @@ async def test_a_sequence_whose_step_fails_fails_alone(scheduler):
     assert "internal error" in str(results[1])
     assert kv_blocks_in_use(scheduler) == 0
     assert await run_to_end(scheduler, sequence("after")) == alone  # the scheduler goes on
+
+
+async def test_a_sequence_states_where_it_is_and_what_the_cache_holds(scheduler):
+    seq = sequence("s", max_tokens=3)
+    assert (seq.status, seq.num_computed, seq.in_prefill) == (SequenceStatus.WAITING, 0, True)
+    scheduler.submit(seq)
+    first = await seq.outputs.get()  # the prefill: the whole prompt is in the cache now
+    assert seq.status == SequenceStatus.RUNNING
+    assert seq.num_computed == len(PROMPT) and not seq.in_prefill and len(first.token_ids) == 1
+    while not (await seq.outputs.get()).finish_reason:
+        pass
+    assert seq.status == SequenceStatus.FINISHED and seq.num_computed == len(seq.tokens) - 1
