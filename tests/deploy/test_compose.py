@@ -9,7 +9,7 @@ import tomllib
 import pytest
 import yaml
 
-from specd.cli import _build_parser, _serve
+from specd_cli.main import _build_parser, _serve
 
 from .conftest import DASHBOARD_DIR, REPO, SPECD_ROLES
 

@@ -6,7 +6,6 @@ a drafter can die (and is restarted) without touching the target or gateway.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
+from specd.ports import free_ports
 
 # Seconds before restarting a service that exited, growing while it keeps exiting; one that has
 # run for STABLE_AFTER_S starts over at the first.
@@ -25,17 +25,6 @@ STABLE_AFTER_S = 60.0
 WHILE_DOWN = {"drafter": "requests go on draft-free meanwhile",
               "target": "the gateway answers UNAVAILABLE meanwhile",
               "gateway": "clients cannot connect meanwhile"}
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (bound together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @dataclass
@@ -71,7 +60,7 @@ class Stack:
         return f"http://{self.host}:{getattr(self.ports, service + '_metrics')}/metrics"
 
     def command(self, service: str) -> list[str]:
-        base = [sys.executable, "-m", "specd.cli", "serve", service, "--listen", self.address(service),
+        base = [sys.executable, "-m", "specd_cli.main", "serve", service, "--listen", self.address(service),
                 "--metrics-listen", f"{self.host}:{getattr(self.ports, service + '_metrics')}"]
         if service == "drafter":
             return [*base, "--method", "ngram"]

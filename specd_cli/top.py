@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specd.stack import StackPorts
+from specd_cli.stack import StackPorts
 
 _PORTS = StackPorts()
 CLEAR_SCREEN = "\x1b[H\x1b[2J"

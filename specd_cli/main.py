@@ -9,14 +9,14 @@ import sys
 
 import grpc
 
-from specd import top
-from specd.bench import cli as bench_cli
 from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST
+from specd import defaults
 from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
-from specd import defaults
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
+from specd_cli import top
+from specd_cli.bench import cli as bench_cli
 
 DEFAULT_ADDRESSES = {
     "gateway": ("127.0.0.1:50051", "127.0.0.1:9100"),
@@ -196,8 +196,8 @@ def _serve(args: argparse.Namespace) -> int:
                           metrics_address=args.metrics_listen, default_speculative=_speculative_of(args),
                           upstream_timeout_s=args.upstream_timeout, grace=args.shutdown_grace))
     else:
-        from drafter_svc.server import serve
         from drafter_svc.sequences import SequenceRegistry
+        from drafter_svc.server import serve
         sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
                           draft_token_cost=args.draft_token_cost, sequences=sequences, grace=args.shutdown_grace))
@@ -205,7 +205,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from specd.stack import run_stack
+    from specd_cli.stack import run_stack
     return run_stack(args.model, args.threads)
 
 
