@@ -1,13 +1,14 @@
 """`specd bench spec` and `specd bench serve`: argument parsing and the run of each.
 
-Heavy imports (torch, transformers, matplotlib) happen inside the commands, so
-every other `specd` command starts as fast as before.
+Heavy imports (torch, transformers, matplotlib, tqdm) happen inside the commands,
+so every other `specd` command starts fast and runs without the `bench` extra.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import math
 import sys
 from dataclasses import asdict
@@ -17,6 +18,8 @@ from specd.model_store import DEFAULT_MODEL
 from specd_cli.bench.errors import BenchError
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
 from specd_cli.bench.records import BASELINE_SYSTEMS
+
+BENCH_EXTRA = ("matplotlib", "tqdm")  # what `pip install 'specd[bench]'` adds for plots and progress bars
 
 
 def _csv(text: str) -> list[str]:
@@ -116,6 +119,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _run(command, args: argparse.Namespace) -> int:
+    if missing := [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]:
+        print(f"specd bench: needs {' and '.join(missing)}: pip install 'specd[bench]'", file=sys.stderr)
+        return 2
     if args.gateway and args.start_stack:
         print("specd bench: --gateway and --start-stack exclude each other", file=sys.stderr)
         return 2
