@@ -1,4 +1,4 @@
-"""The one interface every drafter implements, and the registry of drafters by method name.
+"""The one interface every drafter implements (drafter_svc/registry.py lists the drafters by method name).
 
 Every proposer takes the whole batch of a step in one call and returns one
 draft per sequence, so the servicer never branches on the method.
@@ -6,10 +6,8 @@ draft per sequence, so the servicer never branches on the method.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
-from drafter_svc.draft_length import DraftLengthPolicy
-from drafter_svc.ngram import NgramProposer
 from drafter_svc.sequences import SequenceState
 from specd.errors import InvalidArgument
 from specd.types import MAX_SPECULATIVE_TOKENS
@@ -46,7 +44,3 @@ class Proposer(Protocol):
     def release(self, seq: SequenceState) -> None:
         """The sequence finished; a drafter that learns across sequences learns from it here."""
 
-
-PROPOSERS: dict[str, Callable[[DraftLengthPolicy], Proposer]] = {
-    NgramProposer.method: NgramProposer,
-}

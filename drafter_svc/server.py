@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST, DraftLengthPolicy
 from drafter_svc.metrics import DrafterMetrics
-from drafter_svc.proposer import PROPOSERS
+from drafter_svc.registry import PROPOSERS
 from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.servicer import DrafterServicer
 from specd import defaults
