@@ -11,17 +11,17 @@ import grpc
 
 from drafter_svc.draft_length import DEFAULT_DRAFT_TOKEN_COST
 from specd import defaults
-from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
+from specd.client import SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
 
-DEFAULT_ADDRESSES = {
-    "gateway": ("127.0.0.1:50051", "127.0.0.1:9100"),
-    "target": ("127.0.0.1:50052", "127.0.0.1:9101"),
-    "drafter": ("127.0.0.1:50061", "127.0.0.1:9102"),
+DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
+    "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
+    "target": (defaults.TARGET_ADDRESS, defaults.TARGET_METRICS_ADDRESS),
+    "drafter": (defaults.DRAFTER_ADDRESS, defaults.DRAFTER_METRICS_ADDRESS),
 }
 
 
@@ -92,7 +92,7 @@ def _build_parser() -> argparse.ArgumentParser:
                          help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
         _add_speculative_flags(sub, with_defaults=True)
     target.add_argument("--drafter", action="append", default=[], metavar="METHOD=ADDRESS",
-                        help="a drafter service to use, e.g. ngram=127.0.0.1:50061 (repeatable)")
+                        help=f"a drafter service to use, e.g. ngram={defaults.DRAFTER_ADDRESS} (repeatable)")
     target.add_argument("--drafter-timeout-ms", type=float, default=50.0,
                         help="deadline of one Propose RPC; a late drafter means a draft-free step (default 50)")
     target.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
@@ -100,7 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of requests that do not set it (default 256)")
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    gateway.add_argument("--target", default=DEFAULT_ADDRESSES["target"][0], help="target service address")
+    gateway.add_argument("--target", default=defaults.TARGET_ADDRESS, help="target service address")
     gateway.add_argument("--upstream-timeout", type=float, default=defaults.UPSTREAM_TIMEOUT_S, metavar="SECONDS",
                          help="the longest one request may run, unless the client's deadline is sooner "
                               f"(default {defaults.UPSTREAM_TIMEOUT_S:g})")
@@ -121,7 +121,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="prompt text (a user message with --chat)")
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     gen.add_argument("--system", default=None, help="a system message (with --chat)")
-    gen.add_argument("--gateway", default=DEFAULT_GATEWAY, help=f"gateway address (default {DEFAULT_GATEWAY})")
+    gen.add_argument("--gateway", default=defaults.GATEWAY_ADDRESS,
+                     help=f"gateway address (default {defaults.GATEWAY_ADDRESS})")
     gen.add_argument("--max-tokens", type=_INT32, default=0, help="most tokens to generate (default: the server's)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specd import defaults
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd.ports import free_ports
 
@@ -27,14 +28,19 @@ WHILE_DOWN = {"drafter": "requests go on draft-free meanwhile",
               "gateway": "clients cannot connect meanwhile"}
 
 
+def _port(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
 @dataclass
 class StackPorts:
-    gateway: int = 50051
-    target: int = 50052
-    drafter: int = 50061
-    gateway_metrics: int = 9100
-    target_metrics: int = 9101
-    drafter_metrics: int = 9102
+    """Each service's gRPC and /metrics port: by default those `specd serve` listens on."""
+    gateway: int = _port(defaults.GATEWAY_ADDRESS)
+    target: int = _port(defaults.TARGET_ADDRESS)
+    drafter: int = _port(defaults.DRAFTER_ADDRESS)
+    gateway_metrics: int = _port(defaults.GATEWAY_METRICS_ADDRESS)
+    target_metrics: int = _port(defaults.TARGET_METRICS_ADDRESS)
+    drafter_metrics: int = _port(defaults.DRAFTER_METRICS_ADDRESS)
 
     @classmethod
     def free(cls) -> StackPorts:

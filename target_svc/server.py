@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class TargetOptions:
     model: str = DEFAULT_MODEL
-    address: str = "127.0.0.1:50052"
-    metrics_address: str | None = "127.0.0.1:9101"
+    address: str = defaults.TARGET_ADDRESS
+    metrics_address: str | None = defaults.TARGET_METRICS_ADDRESS
     drafters: dict[str, str] = field(default_factory=dict)  # method -> drafter service address
     default_speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     drafter_timeout_s: float = 0.05
