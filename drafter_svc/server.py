@@ -12,8 +12,9 @@ from specd.v1 import drafter_pb2, drafter_pb2_grpc
 DRAFTER_SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
 
 
-def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
-                   metrics_address: str | None = "127.0.0.1:9102", sequences: SequenceRegistry | None = None) -> Service:
+def create_service(method: str = "ngram", address: str = defaults.DRAFTER_ADDRESS,
+                   metrics_address: str | None = defaults.DRAFTER_METRICS_ADDRESS,
+                   sequences: SequenceRegistry | None = None) -> Service:
     """A drafter service for `method` (not started). Port 0 in either address picks a free port.
     `sequences` bounds the per-sequence state (default: SequenceRegistry's bounds)."""
     if method not in PROPOSERS:
@@ -25,8 +26,8 @@ def create_service(method: str = "ngram", address: str = "127.0.0.1:50061",
     return Service(f"drafter[{method}]", [spec], address, metrics_address, metrics.registry)
 
 
-async def serve(method: str = "ngram", address: str = "127.0.0.1:50061",
-                metrics_address: str | None = "127.0.0.1:9102", sequences: SequenceRegistry | None = None,
-                grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
+async def serve(method: str = "ngram", address: str = defaults.DRAFTER_ADDRESS,
+                metrics_address: str | None = defaults.DRAFTER_METRICS_ADDRESS,
+                sequences: SequenceRegistry | None = None, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
     """Run the drafter until SIGTERM or SIGINT, then shut down gracefully."""
     await serve_until_signalled(create_service(method, address, metrics_address, sequences), grace)

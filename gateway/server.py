@@ -48,8 +48,8 @@ class GatewayService(Service):
         await self._target_channel.close()
 
 
-async def create_service(model: str, target_address: str, address: str = "127.0.0.1:50051",
-                         metrics_address: str | None = "127.0.0.1:9100",
+async def create_service(model: str, target_address: str, address: str = defaults.GATEWAY_ADDRESS,
+                         metrics_address: str | None = defaults.GATEWAY_METRICS_ADDRESS,
                          default_speculative: SpeculativeConfig = SpeculativeConfig(),
                          upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S) -> GatewayService:
     """A gateway for `model`'s tokenizer in front of the target at `target_address`, not yet started."""
@@ -67,8 +67,8 @@ async def create_service(model: str, target_address: str, address: str = "127.0.
                           address, metrics_address)
 
 
-async def serve(model: str, target_address: str, address: str = "127.0.0.1:50051",
-                metrics_address: str | None = "127.0.0.1:9100",
+async def serve(model: str, target_address: str, address: str = defaults.GATEWAY_ADDRESS,
+                metrics_address: str | None = defaults.GATEWAY_METRICS_ADDRESS,
                 default_speculative: SpeculativeConfig = SpeculativeConfig(),
                 upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
                 grace: float = defaults.SHUTDOWN_GRACE_S) -> None:

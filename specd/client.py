@@ -5,10 +5,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from specd import defaults
 from specd.types import SamplingParams
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc
-
-DEFAULT_GATEWAY = "127.0.0.1:50051"
 
 
 def speculative_config(method: str = "", num_speculative_tokens: int | None = None,
@@ -35,7 +34,7 @@ def build_request(prompt: str | None = None, messages: list[dict[str, str]] | No
 
 
 class SpecdClient:
-    def __init__(self, address: str = DEFAULT_GATEWAY):
+    def __init__(self, address: str = defaults.GATEWAY_ADDRESS):
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
 

@@ -1,5 +1,15 @@
 """Deployment defaults that more than one layer needs (a service and the CLI's flags)."""
 
+# Where each service listens unless told otherwise: its gRPC API and its Prometheus /metrics, on loopback.
+# `specd serve`, `specd up`, `specd top` and the client use these; docker-compose.yml publishes the same
+# ports (tests/deploy/test_compose.py holds the two together).
+GATEWAY_ADDRESS = "127.0.0.1:50051"
+GATEWAY_METRICS_ADDRESS = "127.0.0.1:9100"
+TARGET_ADDRESS = "127.0.0.1:50052"
+TARGET_METRICS_ADDRESS = "127.0.0.1:9101"
+DRAFTER_ADDRESS = "127.0.0.1:50061"
+DRAFTER_METRICS_ADDRESS = "127.0.0.1:9102"
+
 # Seconds in-flight streams get to finish after SIGTERM. The deployment files give a container
 # 15 s between SIGTERM and SIGKILL; this leaves the rest for closing channels and flushing.
 SHUTDOWN_GRACE_S = 10.0

@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class TargetOptions:
     model: str = DEFAULT_MODEL
-    address: str = "127.0.0.1:50052"
-    metrics_address: str | None = "127.0.0.1:9101"
+    address: str = defaults.TARGET_ADDRESS
+    metrics_address: str | None = defaults.TARGET_METRICS_ADDRESS
     # method -> drafter service address, or None for a proposer that runs in the target
     drafters: dict[str, str | None] = field(default_factory=dict)
     default_speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

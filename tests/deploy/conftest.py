@@ -13,11 +13,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from specd.cli import DEFAULT_ADDRESSES
 from specd.client import SpecdClient, build_request
-from specd.stack import Stack, StackPorts
 from specd.types import SamplingParams
 from specd.v1 import common_pb2
+from specd_cli.main import DEFAULT_ADDRESSES
+from specd_cli.stack import Stack, StackPorts
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"

@@ -9,7 +9,7 @@ import tomllib
 import pytest
 import yaml
 
-from specd.cli import _build_parser, _serve
+from specd_cli.main import DEFAULT_ADDRESSES, _build_parser, _serve
 
 from .conftest import DASHBOARD_DIR, REPO, SPECD_ROLES
 
@@ -60,6 +60,17 @@ def test_services_listen_on_all_interfaces_inside_the_compose_network(specd_serv
     for name, args in specd_services.items():
         assert _host_port(args.listen)[0] == "0.0.0.0", name
         assert _host_port(args.metrics_listen)[0] == "0.0.0.0", name
+
+
+def test_services_keep_their_default_ports_and_publish_them_under_the_same_numbers(compose, specd_services):
+    """The ports of specd/defaults.py (what `specd serve`, `specd up`, `specd top` and the client default to),
+    so the same commands reach a compose deployment as a local one."""
+    for name, args in specd_services.items():
+        ports = {_host_port(address)[1] for address in DEFAULT_ADDRESSES[args.service]}
+        assert {_host_port(args.listen)[1], _host_port(args.metrics_listen)[1]} == ports, name
+        for mapping in compose["services"][name].get("ports", []):
+            _, published, inside = _with_defaults(mapping).split(":")
+            assert published == inside and int(inside) in ports, (name, mapping)
 
 
 def test_the_target_finds_each_drafter_by_service_name_and_port(by_role):

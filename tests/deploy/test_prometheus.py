@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specd.stack import free_ports
+from specd.ports import free_ports
 
 from .conftest import PROMETHEUS_DIR
 

@@ -1,7 +1,7 @@
 """The whole system as separate processes on loopback, on the real default model."""
 import pytest
 
-from specd.stack import Stack, StackPorts
+from specd_cli.stack import Stack, StackPorts
 
 
 @pytest.fixture(scope="package")

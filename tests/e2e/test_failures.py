@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specd.client import SpecdClient, build_request
 from specd.model_store import resolve_model
-from specd.stack import Stack, StackPorts
 from specd.types import SamplingParams
 from specd.v1 import common_pb2
+from specd_cli.stack import Stack, StackPorts
 
 pytestmark = pytest.mark.e2e
 

@@ -109,7 +109,7 @@ async def test_metrics_of_every_service_move_with_requests(stack):
 
 def test_cli_generate_json_streams_chunks_and_usage(stack):
     result = subprocess.run(
-        [sys.executable, "-m", "specd.cli", "generate", "--chat", "Count from one to five in words.",
+        [sys.executable, "-m", "specd_cli.main", "generate", "--chat", "Count from one to five in words.",
          "--gateway", stack.address("gateway"), "--max-tokens", "12", "--method", "ngram", "--json"],
         capture_output=True, text=True, timeout=300, check=True)
     lines = [json.loads(line) for line in result.stdout.splitlines()]

@@ -7,7 +7,7 @@ import pytest
 from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.server import create_service as create_drafter
 from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_TOKENS
-from specd.stack import free_ports
+from specd.ports import free_ports
 from specd.types import SamplingParams, SpeculativeConfig
 from target_svc.drafting.remote import RemoteDrafter
 from target_svc.metrics import TargetMetrics

@@ -4,12 +4,12 @@ import math
 
 import pytest
 
-from specd.bench.deployment import resolve_methods
-from specd.bench.errors import BenchError
-from specd.bench.plots import plot_serving, plot_speedup_by_category
-from specd.bench.results import git_info, machine_info, write_json
-from specd.bench.stats import OVERALL, ServeSummary, SpecSummary
-from specd.cli import _build_parser, main
+from specd_cli.bench.deployment import resolve_methods
+from specd_cli.bench.errors import BenchError
+from specd_cli.bench.plots import plot_serving, plot_speedup_by_category
+from specd_cli.bench.results import git_info, machine_info, write_json
+from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
+from specd_cli.main import _build_parser, main
 
 
 def test_spec_flags_parse_lists():

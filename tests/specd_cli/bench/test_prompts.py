@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from specd.bench.prompts import PromptFileError, load_sharegpt, load_spec_bench, sample_prompts
+from specd_cli.bench.prompts import PromptFileError, load_sharegpt, load_spec_bench, sample_prompts
 
 
 @pytest.fixture

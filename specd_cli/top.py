@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specd.stack import StackPorts
+from specd import defaults
 
-_PORTS = StackPorts()
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 
@@ -199,19 +198,19 @@ def _drafter_row(target: Scrape, drafter: Scrape | None, method: str) -> str:
 
 # -- the command ----------------------------------------------------------------
 
-def _metrics_url(port: int) -> str:
-    return f"http://127.0.0.1:{port}/metrics"
+def _metrics_url(address: str) -> str:
+    return f"http://{address}/metrics"
 
 
 def register(commands) -> None:
     """Add `specd top` to the CLI's subcommands."""
     top = commands.add_parser("top", help="live view of acceptance, throughput and latency from the services' /metrics")
-    top.add_argument("--target-metrics", default=_metrics_url(_PORTS.target_metrics), metavar="URL",
+    top.add_argument("--target-metrics", default=_metrics_url(defaults.TARGET_METRICS_ADDRESS), metavar="URL",
                      help="the target's /metrics (default %(default)s)")
-    top.add_argument("--gateway-metrics", default=_metrics_url(_PORTS.gateway_metrics), metavar="URL",
+    top.add_argument("--gateway-metrics", default=_metrics_url(defaults.GATEWAY_METRICS_ADDRESS), metavar="URL",
                      help="the gateway's /metrics (default %(default)s)")
     top.add_argument("--drafter-metrics", action="append", metavar="URL",
-                     help=f"a drafter's /metrics, repeatable (default {_metrics_url(_PORTS.drafter_metrics)})")
+                     help=f"a drafter's /metrics, repeatable (default {_metrics_url(defaults.DRAFTER_METRICS_ADDRESS)})")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     top.add_argument("--once", action="store_true", help="print one view (two scrapes --interval apart) and exit")
     top.set_defaults(run=run)
@@ -219,7 +218,7 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Refresh until Ctrl-C, or print once; exit 1 if no service answered."""
-    drafter_urls = args.drafter_metrics or [_metrics_url(_PORTS.drafter_metrics)]
+    drafter_urls = args.drafter_metrics or [_metrics_url(defaults.DRAFTER_METRICS_ADDRESS)]
     before = take_snapshot(args.target_metrics, args.gateway_metrics, drafter_urls)
     try:
         while True:

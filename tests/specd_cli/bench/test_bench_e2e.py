@@ -19,7 +19,7 @@ def test_bench_spec_writes_results_and_plot_and_greedy_outputs_match(tmp_path):
     prompts = tmp_path / "questions.jsonl"
     prompts.write_text("\n".join(json.dumps(q) for q in QUESTIONS))
     result = subprocess.run(
-        [sys.executable, "-m", "specd.cli", "bench", "spec", "--prompts", str(prompts), "--limit", "1",
+        [sys.executable, "-m", "specd_cli.main", "bench", "spec", "--prompts", str(prompts), "--limit", "1",
          "--max-tokens", "8", "--methods", "none,ngram", "--baselines", "hf", "--temperatures", "0",
          "--warmup", "1", "--threads", "2", "--output-dir", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=240)

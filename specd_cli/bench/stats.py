@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from specd.bench.records import RequestRecord
+from specd_cli.bench.records import RequestRecord
 
 OVERALL = "overall"
 

@@ -9,21 +9,21 @@ import sys
 
 import grpc
 
-from specd import top
-from specd.bench import cli as bench_cli
 from drafter_svc.proposers.registry import PROPOSERS
-from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
-from specd.client import DEFAULT_GATEWAY, SpecdClient, build_request
-from specd.model_store import DEFAULT_MODEL
 from specd import defaults
+from specd.client import SpecdClient, build_request
+from specd.model_store import DEFAULT_MODEL
 from specd.options import Option
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
+from specd_cli import top
+from specd_cli.bench import cli as bench_cli
+from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
 
-DEFAULT_ADDRESSES = {
-    "gateway": ("127.0.0.1:50051", "127.0.0.1:9100"),
-    "target": ("127.0.0.1:50052", "127.0.0.1:9101"),
-    "drafter": ("127.0.0.1:50061", "127.0.0.1:9102"),
+DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
+    "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
+    "target": (defaults.TARGET_ADDRESS, defaults.TARGET_METRICS_ADDRESS),
+    "drafter": (defaults.DRAFTER_ADDRESS, defaults.DRAFTER_METRICS_ADDRESS),
 }
 
 
@@ -141,8 +141,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
         _add_speculative_flags(sub, deployment=True)
     target.add_argument("--drafter", action="append", default=[], metavar="METHOD[=ADDRESS]",
-                        help="a draft source: a drafter service (e.g. ngram=127.0.0.1:50061) or, without an "
-                             "address, a proposer that runs in the target (repeatable)")
+                        help=f"a draft source: a drafter service (e.g. ngram={defaults.DRAFTER_ADDRESS}) or, "
+                             "without an address, a proposer that runs in the target (repeatable)")
     target.add_argument("--drafter-timeout-ms", type=float, default=50.0,
                         help="deadline of one Propose RPC; a late drafter means a draft-free step (default 50)")
     target.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
@@ -153,7 +153,7 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of requests that do not set it (default 256)")
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    gateway.add_argument("--target", default=DEFAULT_ADDRESSES["target"][0], help="target service address")
+    gateway.add_argument("--target", default=defaults.TARGET_ADDRESS, help="target service address")
     gateway.add_argument("--upstream-timeout", type=float, default=defaults.UPSTREAM_TIMEOUT_S, metavar="SECONDS",
                          help="the longest one request may run, unless the client's deadline is sooner "
                               f"(default {defaults.UPSTREAM_TIMEOUT_S:g})")
@@ -171,7 +171,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="prompt text (a user message with --chat)")
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     gen.add_argument("--system", default=None, help="a system message (with --chat)")
-    gen.add_argument("--gateway", default=DEFAULT_GATEWAY, help=f"gateway address (default {DEFAULT_GATEWAY})")
+    gen.add_argument("--gateway", default=defaults.GATEWAY_ADDRESS,
+                     help=f"gateway address (default {defaults.GATEWAY_ADDRESS})")
     gen.add_argument("--max-tokens", type=_INT32, default=0, help="most tokens to generate (default: the server's)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
@@ -247,8 +248,8 @@ def _serve(args: argparse.Namespace) -> int:
                           metrics_address=args.metrics_listen, default_speculative=_speculative_of(args),
                           upstream_timeout_s=args.upstream_timeout, grace=args.shutdown_grace))
     else:
-        from drafter_svc.server import serve
         from drafter_svc.sequences import SequenceRegistry
+        from drafter_svc.server import serve
         sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
                           sequences=sequences, grace=args.shutdown_grace))
@@ -256,7 +257,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from specd.stack import run_stack
+    from specd_cli.stack import run_stack
     return run_stack(args.model, args.threads)
 
 

@@ -6,7 +6,6 @@ a drafter can die (and is restarted) without touching the target or gateway.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +15,9 @@ from dataclasses import dataclass, field, fields
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specd import defaults
 from specd.model_store import DEFAULT_MODEL, resolve_model
+from specd.ports import free_ports
 
 # Seconds before restarting a service that exited, growing while it keeps exiting; one that has
 # run for STABLE_AFTER_S starts over at the first.
@@ -27,25 +28,19 @@ WHILE_DOWN = {"drafter": "requests go on draft-free meanwhile",
               "gateway": "clients cannot connect meanwhile"}
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (bound together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+def _port(address: str) -> int:
+    return int(address.rpartition(":")[2])
 
 
 @dataclass
 class StackPorts:
-    gateway: int = 50051
-    target: int = 50052
-    drafter: int = 50061
-    gateway_metrics: int = 9100
-    target_metrics: int = 9101
-    drafter_metrics: int = 9102
+    """Each service's gRPC and /metrics port: by default those `specd serve` listens on."""
+    gateway: int = _port(defaults.GATEWAY_ADDRESS)
+    target: int = _port(defaults.TARGET_ADDRESS)
+    drafter: int = _port(defaults.DRAFTER_ADDRESS)
+    gateway_metrics: int = _port(defaults.GATEWAY_METRICS_ADDRESS)
+    target_metrics: int = _port(defaults.TARGET_METRICS_ADDRESS)
+    drafter_metrics: int = _port(defaults.DRAFTER_METRICS_ADDRESS)
 
     @classmethod
     def free(cls) -> StackPorts:
@@ -71,7 +66,7 @@ class Stack:
         return f"http://{self.host}:{getattr(self.ports, service + '_metrics')}/metrics"
 
     def command(self, service: str) -> list[str]:
-        base = [sys.executable, "-m", "specd.cli", "serve", service, "--listen", self.address(service),
+        base = [sys.executable, "-m", "specd_cli.main", "serve", service, "--listen", self.address(service),
                 "--metrics-listen", f"{self.host}:{getattr(self.ports, service + '_metrics')}"]
         if service == "drafter":
             return [*base, "--method", "ngram"]

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from specd.bench.errors import BenchError
-from specd.bench.gateway_requests import timed_request
-from specd.bench.prompts import Prompt
-from specd.bench.records import RequestRecord
 from specd.client import SpecdClient
+from specd_cli.bench.errors import BenchError
+from specd_cli.bench.gateway_requests import timed_request
+from specd_cli.bench.prompts import Prompt
+from specd_cli.bench.records import RequestRecord
 
 if TYPE_CHECKING:
-    from specd.bench.baselines import TransformersBaselines
+    from specd_cli.bench.baselines import TransformersBaselines
 
 # Warm-up uses a prompt of its own, so no measured prompt has been seen before by any system.
 WARMUP_PROMPT = Prompt("warmup", "warmup", "Write a short poem about the sea, then repeat its first line.")

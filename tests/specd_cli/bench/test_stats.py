@@ -1,8 +1,8 @@
 """The statistics every report rests on, as specifications."""
 import pytest
 
-from specd.bench.records import RequestRecord
-from specd.bench.stats import (OVERALL, acceptance_length, acceptance_rate, greedy_matches, greedy_mismatches,
+from specd_cli.bench.records import RequestRecord
+from specd_cli.bench.stats import (OVERALL, acceptance_length, acceptance_rate, greedy_matches, greedy_mismatches,
                                inter_token_latencies, percentile, prompt_length_mismatches, summarize_serve_run,
                                summarize_spec, tokens_per_second, ttft_s)
 

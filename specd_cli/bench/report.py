@@ -1,8 +1,8 @@
 """Markdown tables for the README and the terminal."""
 from __future__ import annotations
 
-from specd.bench.records import BASELINE_SYSTEMS
-from specd.bench.stats import OVERALL, ServeSummary, SpecSummary
+from specd_cli.bench.records import BASELINE_SYSTEMS
+from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 
 DEFINITIONS = (
     "tok/s: completion tokens / summed request wall time; `vs X`: tok/s over X's on the same prompts; "

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 
-from specd.bench.errors import BenchError
-from specd.stack import Stack, StackPorts
 from specd.v1 import target_pb2, target_pb2_grpc
+from specd_cli.bench.errors import BenchError
+from specd_cli.stack import Stack, StackPorts
 
 
 @dataclass

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from specd.bench.errors import BenchError
+from specd_cli.bench.errors import BenchError
 
 # The repository is cloned with `shared/` beside it (CI and users alike).
 DEFAULT_SPEC_BENCH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"

@@ -5,11 +5,11 @@ import time
 
 import grpc
 
-from specd.bench.prompts import Prompt
-from specd.bench.records import RequestRecord
 from specd.client import SpecdClient, build_request
 from specd.types import FINISH_REASON_NAMES, SamplingParams
 from specd.v1 import common_pb2
+from specd_cli.bench.prompts import Prompt
+from specd_cli.bench.records import RequestRecord
 
 
 def make_request(prompt: Prompt, method: str, temperature: float, seed: int | None, max_tokens: int):

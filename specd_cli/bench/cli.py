@@ -1,22 +1,25 @@
 """`specd bench spec` and `specd bench serve`: argument parsing and the run of each.
 
-Heavy imports (torch, transformers, matplotlib) happen inside the commands, so
-every other `specd` command starts as fast as before.
+Heavy imports (torch, transformers, matplotlib, tqdm) happen inside the commands,
+so every other `specd` command starts fast and runs without the `bench` extra.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from specd.bench.errors import BenchError
-from specd.bench.prompts import DEFAULT_SPEC_BENCH
-from specd.bench.records import BASELINE_SYSTEMS
 from specd.model_store import DEFAULT_MODEL
+from specd_cli.bench.errors import BenchError
+from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
+from specd_cli.bench.records import BASELINE_SYSTEMS
+
+BENCH_EXTRA = ("matplotlib", "tqdm")  # what `pip install 'specd[bench]'` adds for plots and progress bars
 
 
 def _csv(text: str) -> list[str]:
@@ -116,6 +119,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _run(command, args: argparse.Namespace) -> int:
+    if missing := [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]:
+        print(f"specd bench: needs {' and '.join(missing)}: pip install 'specd[bench]'", file=sys.stderr)
+        return 2
     if args.gateway and args.start_stack:
         print("specd bench: --gateway and --start-stack exclude each other", file=sys.stderr)
         return 2
@@ -132,8 +138,8 @@ def _run(command, args: argparse.Namespace) -> int:
 async def _spec(args: argparse.Namespace) -> int:
     import torch
 
-    from specd.bench import results
-    from specd.bench.prompts import load_spec_bench
+    from specd_cli.bench import results
+    from specd_cli.bench.prompts import load_spec_bench
 
     threads = args.threads or torch.get_num_threads()
     prompts = load_spec_bench(args.prompts, args.categories, args.limit)
@@ -144,17 +150,17 @@ async def _spec(args: argparse.Namespace) -> int:
 
 
 async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
-    from specd.bench.deployment import deployment, resolve_methods
-    from specd.bench.spec_runner import SpecRunner, SpecSettings
     from specd.client import SpecdClient
     from specd.model_store import resolve_model
+    from specd_cli.bench.deployment import deployment, resolve_methods
+    from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, run_dir / "logs") as stack:
         settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout)
         baselines = None
         if args.baselines:
-            from specd.bench.baselines import TransformersBaselines
+            from specd_cli.bench.baselines import TransformersBaselines
             baselines = TransformersBaselines(resolve_model(args.model), threads, args.prompt_lookup_num_tokens)
         async with SpecdClient(stack.gateway) as client:
             runner = SpecRunner(client, settings, baselines)
@@ -163,7 +169,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
 
 
 def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: int, run_dir: Path) -> None:
-    from specd.bench import plots, report, results, stats
+    from specd_cli.bench import plots, report, results, stats
 
     references = ["none", *settings.baselines]
     summaries = stats.summarize_spec(records, settings.systems, references)
@@ -190,7 +196,7 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
 def _verdict(records, methods: list[str], run_dir: Path) -> int:
     """Exit status 1 if a request failed, the systems saw different prompts, or a specd method's
     greedy output differs from none's (a baseline's may differ by float rounding: reported only)."""
-    from specd.bench.stats import greedy_mismatches, prompt_length_mismatches
+    from specd_cli.bench.stats import greedy_mismatches, prompt_length_mismatches
 
     failed = _print_failures(records)
     unequal_inputs = prompt_length_mismatches(records)
@@ -217,8 +223,8 @@ def _print_failures(records) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     import torch
 
-    from specd.bench import results
-    from specd.bench.prompts import load_sharegpt, load_spec_bench, sample_prompts
+    from specd_cli.bench import results
+    from specd_cli.bench.prompts import load_sharegpt, load_spec_bench, sample_prompts
 
     threads = args.threads or torch.get_num_threads()
     pool = load_sharegpt(args.sharegpt) if args.sharegpt else load_spec_bench(args.prompts)
@@ -232,9 +238,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
-    from specd.bench.deployment import deployment, resolve_methods
-    from specd.bench.serve_runner import LoadRunner, ServeSettings
     from specd.client import SpecdClient
+    from specd_cli.bench.deployment import deployment, resolve_methods
+    from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, run_dir / "logs") as stack:
         settings = ServeSettings(resolve_methods(args.methods, stack.target), args.concurrency, args.request_rate,
@@ -247,7 +253,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
 
 
 def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_dir: Path) -> None:
-    from specd.bench import plots, report, results, stats
+    from specd_cli.bench import plots, report, results, stats
 
     summaries = [stats.summarize_serve_run(method, concurrency,
                                            [r for r in records if r.system == method and r.concurrency == concurrency])

@@ -1,5 +1,5 @@
-from specd.bench.report import fmt, header_line, label, markdown_table, ms, serve_report, spec_report
-from specd.bench.stats import OVERALL, ServeSummary, SpecSummary
+from specd_cli.bench.report import fmt, header_line, label, markdown_table, ms, serve_report, spec_report
+from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 
 
 def summary(system, category=OVERALL, temperature=0.0, **kw):

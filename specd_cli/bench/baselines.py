@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.streamers import BaseStreamer
 
-from specd.bench.prompts import Prompt
-from specd.bench.records import BASELINE_SYSTEMS, RequestRecord
+from specd_cli.bench.prompts import Prompt
+from specd_cli.bench.records import BASELINE_SYSTEMS, RequestRecord
 
 
 class _StepTimer(BaseStreamer):

@@ -9,8 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from specd.bench.report import label  # noqa: E402
-from specd.bench.stats import OVERALL, ServeSummary, SpecSummary  # noqa: E402
+from specd_cli.bench.report import label  # noqa: E402
+from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary  # noqa: E402
 
 
 def plot_speedup_by_category(summaries: list[SpecSummary], path: Path, reference: str = "none") -> Path:

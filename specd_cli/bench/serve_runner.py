@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from specd.bench.errors import BenchError
-from specd.bench.gateway_requests import timed_request
-from specd.bench.prompts import Prompt
-from specd.bench.records import RequestRecord
-from specd.bench.spec_runner import WARMUP_PROMPT, rotated
 from specd.client import SpecdClient
+from specd_cli.bench.errors import BenchError
+from specd_cli.bench.gateway_requests import timed_request
+from specd_cli.bench.prompts import Prompt
+from specd_cli.bench.records import RequestRecord
+from specd_cli.bench.spec_runner import WARMUP_PROMPT, rotated
 
 
 @dataclass(frozen=True)

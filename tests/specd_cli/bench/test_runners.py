@@ -7,13 +7,13 @@ import grpc
 import pytest
 from tqdm import tqdm
 
-from specd.bench.errors import BenchError
-from specd.bench.gateway_requests import timed_request
-from specd.bench.prompts import Prompt
-from specd.bench.records import RequestRecord
-from specd.bench.serve_runner import LoadRunner, ServeSettings, poisson_send_times
-from specd.bench.spec_runner import WARMUP_PROMPT, SpecRunner, SpecSettings, rotated
 from specd.v1 import common_pb2, generation_pb2
+from specd_cli.bench.errors import BenchError
+from specd_cli.bench.gateway_requests import timed_request
+from specd_cli.bench.prompts import Prompt
+from specd_cli.bench.records import RequestRecord
+from specd_cli.bench.serve_runner import LoadRunner, ServeSettings, poisson_send_times
+from specd_cli.bench.spec_runner import WARMUP_PROMPT, SpecRunner, SpecSettings, rotated
 
 
 def chunks_of(token_groups, usage=None, finish_reason=common_pb2.FINISH_REASON_LENGTH):
