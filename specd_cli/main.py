@@ -225,9 +225,10 @@ def _print_final(chunk, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"finish_reason": reason, "usage": usage}), flush=True)
     else:
-        steps = max(1, usage["verification_steps"])
-        print(f"\n[{reason}] {usage['completion_tokens']} tokens in {usage['verification_steps']} steps "
-              f"({usage['completion_tokens'] / steps:.2f} tokens/step, "
+        steps = usage["verification_steps"]
+        tau = (usage["completion_tokens"] - 1) / steps if steps else 1.0
+        print(f"\n[{reason}] {usage['completion_tokens']} tokens: a prefill and {steps} decoding steps "
+              f"({tau:.2f} tokens/step, "
               f"{usage['accepted_draft_tokens']}/{usage['draft_tokens']} drafts accepted)", file=sys.stderr)
 
 

@@ -73,6 +73,7 @@ class Sequence:
 
     def commit(self, new_tokens: list[int], accepted: int, num_drafts: int) -> StepOutput:
         """Append a step's tokens, cut at EOS or max_tokens; the output says if this finished the sequence."""
+        verified = not self.in_prefill  # the prefill's one token verifies nothing
         reason = common_pb2.FINISH_REASON_UNSPECIFIED
         for i, token in enumerate(new_tokens):
             if token in self.eos_token_ids:
@@ -84,7 +85,7 @@ class Sequence:
         self.tokens.extend(new_tokens)
         self.num_computed = len(self.tokens) - 1
         self.usage.completion_tokens = self.num_output
-        self.usage.verification_steps += 1
+        self.usage.verification_steps += verified
         self.usage.draft_tokens += num_drafts
         self.usage.accepted_draft_tokens += accepted
         return StepOutput(new_tokens, accepted, reason, replace(self.usage))

@@ -55,7 +55,7 @@ class TransformersBaselines:
         record.e2e_s = time.perf_counter() - timer.start
         record.token_ids = output[0, record.prompt_tokens:].tolist()
         record.chunks = timer.chunks
-        record.verification_steps = len(timer.chunks)
+        record.verification_steps = len(timer.chunks) - 1  # the first chunk is the prefill's
         record.text = self.tokenizer.decode(record.token_ids, skip_special_tokens=True)
         stopped = record.token_ids and record.token_ids[-1] in _eos_ids(self.model)
         record.finish_reason = "stop" if stopped else "length"

@@ -21,7 +21,7 @@ class RequestRecord:
     # (seconds since the request was sent, tokens in that chunk) for every chunk that carried tokens
     chunks: list[tuple[float, int]] = field(default_factory=list)
     e2e_s: float = 0.0  # request sent -> last chunk received
-    verification_steps: int = 0  # target forward passes, the prefill included (as the server's Usage counts)
+    verification_steps: int = 0  # decoding steps after the prefill (as the server's Usage counts them)
     draft_tokens: int | None = None  # None: the system does not report drafts
     accepted_draft_tokens: int | None = None
     finish_reason: str = ""

@@ -3,9 +3,9 @@
 - tokens/s of a group: its completion tokens / the sum of its requests' wall times
   (sent -> last token), so long answers weigh by their length, as a user waits.
 - speedup (ratio) of A over B: tokens/s of A / tokens/s of B on the same prompts.
-- acceptance length (tau): mean tokens out per *decode* verification step:
-  sum(completion_tokens - 1) / sum(verification_steps - 1). The prefill step is
-  excluded from both: it always yields exactly one token and verifies no draft.
+- acceptance length (tau): mean tokens out per decoding (verification) step:
+  sum(completion_tokens - 1) / sum(verification_steps). The prefill is excluded
+  from both: it always yields exactly one token and verifies no draft.
   tau = 1.0 means no gain; the most is num_speculative_tokens + 1.
 - acceptance rate: accepted draft tokens / draft tokens.
 - TTFT: request sent -> first chunk carrying a token.
@@ -52,8 +52,8 @@ def tokens_per_second(records: Iterable[RequestRecord]) -> float | None:
 
 
 def acceptance_length(records: Iterable[RequestRecord]) -> float | None:
-    decoding = [r for r in records if r.verification_steps > 1]
-    steps = sum(r.verification_steps - 1 for r in decoding)
+    decoding = [r for r in records if r.verification_steps > 0]
+    steps = sum(r.verification_steps for r in decoding)
     return sum(r.completion_tokens - 1 for r in decoding) / steps if steps else None
 
 

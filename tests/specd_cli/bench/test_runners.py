@@ -18,7 +18,8 @@ from specd_cli.bench.spec_runner import WARMUP_PROMPT, SpecRunner, SpecSettings,
 
 def chunks_of(token_groups, usage=None, finish_reason=common_pb2.FINISH_REASON_LENGTH):
     tokens = sum(len(g) for g in token_groups)
-    usage = usage or common_pb2.Usage(prompt_tokens=7, completion_tokens=tokens, verification_steps=len(token_groups))
+    usage = usage or common_pb2.Usage(prompt_tokens=7, completion_tokens=tokens,
+                                        verification_steps=len(token_groups) - 1)
     out = [generation_pb2.GenerateResponse(text="x" * len(g), token_ids=g) for g in token_groups]
     out[-1].finish_reason = finish_reason
     out[-1].usage.CopyFrom(usage)

@@ -11,7 +11,7 @@ def record(system="none", prompt_id="1", category="writing", temperature=0.0, to
            e2e_s=1.0, steps=None, drafts=0, accepted=0, error=None, prompt_tokens=10, **extra):
     return RequestRecord(system, prompt_id, category, temperature, None, 32, prompt_tokens=prompt_tokens,
                          token_ids=list(tokens), chunks=chunks or [(0.1 * (i + 1), 1) for i in range(len(tokens))],
-                         e2e_s=e2e_s, verification_steps=len(tokens) if steps is None else steps,
+                         e2e_s=e2e_s, verification_steps=max(len(tokens) - 1, 0) if steps is None else steps,
                          draft_tokens=drafts, accepted_draft_tokens=accepted, error=error, **extra)
 
 
@@ -39,17 +39,17 @@ def test_tokens_per_second_weighs_requests_by_their_length():
     assert tokens_per_second([]) is None
 
 
-def test_acceptance_length_excludes_the_prefill_step():
-    # 1 token from prefill, then 9 tokens in 3 decode steps: tau = 3, not 10 / 4.
-    assert acceptance_length([record(tokens=[1] * 10, steps=4)]) == pytest.approx(3.0)
-    # without speculation every decode step yields one token
-    assert acceptance_length([record(tokens=[1] * 10, steps=10)]) == pytest.approx(1.0)
+def test_acceptance_length_excludes_the_prefills_token():
+    # 1 token from the prefill, then 9 tokens in 3 decoding steps: tau = 3, not 10 / 3.
+    assert acceptance_length([record(tokens=[1] * 10, steps=3)]) == pytest.approx(3.0)
+    # without speculation every decoding step yields one token
+    assert acceptance_length([record(tokens=[1] * 10, steps=9)]) == pytest.approx(1.0)
 
 
 def test_acceptance_length_pools_steps_and_skips_prefill_only_requests():
-    rs = [record(tokens=[1] * 7, steps=3), record(tokens=[1] * 4, steps=4), record(tokens=[1], steps=1)]
+    rs = [record(tokens=[1] * 7, steps=2), record(tokens=[1] * 4, steps=3), record(tokens=[1], steps=0)]
     assert acceptance_length(rs) == pytest.approx((6 + 3) / (2 + 3))
-    assert acceptance_length([record(tokens=[1], steps=1)]) is None
+    assert acceptance_length([record(tokens=[1], steps=0)]) is None
 
 
 def test_acceptance_rate_is_accepted_over_drafted_and_absent_without_drafts():
@@ -80,10 +80,10 @@ def test_systems_that_saw_different_prompt_lengths_are_flagged():
 
 def test_spec_summary_has_each_category_then_overall_with_ratios_to_the_references():
     rs = [record("none", "1", "writing", tokens=[1] * 10, e2e_s=2.0),
-          record("ngram", "1", "writing", tokens=[1] * 10, e2e_s=1.0, steps=4, drafts=12, accepted=6),
+          record("ngram", "1", "writing", tokens=[1] * 10, e2e_s=1.0, steps=3, drafts=12, accepted=6),
           record("hf", "1", "writing", tokens=[1] * 10, e2e_s=4.0),
           record("none", "2", "coding", tokens=[2] * 10, e2e_s=2.0),
-          record("ngram", "2", "coding", tokens=[2] * 10, e2e_s=2.0, steps=10),
+          record("ngram", "2", "coding", tokens=[2] * 10, e2e_s=2.0, steps=9),
           record("hf", "2", "coding", tokens=[2] * 10, e2e_s=4.0)]
     summaries = summarize_spec(rs, systems=["none", "ngram", "hf"], references=["none", "hf"])
     assert [(s.category, s.system) for s in summaries] == [
