@@ -21,7 +21,7 @@ from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafter_client import Drafters
 from target_svc.metrics import TargetMetrics
-from target_svc.model_runner import ModelRunner, SequenceInput
+from target_svc.engine.runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, StepOutput
 from target_svc.verifier import VerifyInput, VerifyResult, verify
 

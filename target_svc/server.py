@@ -12,8 +12,9 @@ from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
 from target_svc.drafter_client import DrafterClient, Drafters
+from target_svc.engine.config import EngineConfig
+from target_svc.engine.runner import ModelRunner
 from target_svc.metrics import TargetMetrics
-from target_svc.model_runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.servicer import TargetServicer
 
@@ -32,6 +33,7 @@ class TargetOptions:
     max_num_seqs: int = 64
     default_max_tokens: int = 256
     num_threads: int | None = None
+    engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
     shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
 
 
@@ -46,7 +48,8 @@ class TargetService(Service):
         # pools' spinning workers halve the speed of each forward (measured: 45 ms -> 80 ms).
         self.compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specd-compute")
         self.runner = self.compute_thread.submit(
-            ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads).result()
+            ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads,
+            engine=options.engine).result()
         clients = [DrafterClient(method, address, options.drafter_timeout_s, self.metrics)
                    for method, address in options.drafters.items()]
         self.drafters = Drafters(clients, self.runner.vocab_size)
