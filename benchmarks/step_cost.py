@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
-from target_svc.model_runner import ModelRunner, SequenceInput
+from target_svc.engine.runner import ModelRunner, SequenceInput
 
 NEW_TOKENS = (1, 2, 4, 8, 16, 32)
 BATCH_SIZES = (1, 8)

@@ -22,7 +22,7 @@ from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST, worth_verifying
 from target_svc.metrics import TargetMetrics
-from target_svc.model_runner import ModelRunner, SequenceInput
+from target_svc.engine.runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, SequenceStatus, StepOutput
 from target_svc.verifier import VerifyInput, VerifyResult, verify
 

@@ -16,8 +16,9 @@ from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
 from target_svc.drafting.registry import IN_TARGET_SOURCES
 from target_svc.drafting.remote import RemoteDrafter
+from target_svc.engine.config import EngineConfig
+from target_svc.engine.runner import ModelRunner
 from target_svc.metrics import TargetMetrics
-from target_svc.model_runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.servicer import TargetServicer
 
@@ -38,6 +39,7 @@ class TargetOptions:
     max_num_seqs: int = 64
     default_max_tokens: int = 256
     num_threads: int | None = None
+    engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
     shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
 
 
@@ -52,7 +54,8 @@ class TargetService(Service):
         # pools' spinning workers halve the speed of each forward (measured: 45 ms -> 80 ms).
         self.compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specd-compute")
         self.runner = self.compute_thread.submit(
-            ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads).result()
+            ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads,
+            engine=options.engine).result()
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,

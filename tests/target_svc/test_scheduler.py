@@ -10,7 +10,7 @@ from specd.errors import InternalError
 from specd.types import SamplingParams, SpeculativeConfig
 from target_svc.drafting.drafters import Drafters
 from target_svc.metrics import TargetMetrics
-from target_svc.model_runner import ModelRunner
+from target_svc.engine.runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.sequence import Sequence, SequenceStatus
 

@@ -7,25 +7,36 @@ from pathlib import Path
 
 import torch
 
-from target_svc.kv_cache import BlockAllocator, KVCache, OutOfBlocks
-from target_svc.llama import LlamaModel, PagedAttention, SeqSpan
+from target_svc.engine.attention import PagedAttention, SeqSpan
+from target_svc.engine.config import EngineConfig
+from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks
+from target_svc.engine.llama import LlamaModel
 
 
 @dataclass
 class SequenceInput:
+    """One sequence's new tokens in a forward pass; the defaults describe a chain."""
     seq_id: str
     token_ids: list[int]  # new tokens: the prompt for a prefill, last token + drafts for a verify step
-    start_position: int  # tokens of this sequence already in the KV cache (positions 0..start_position-1)
+    start_position: int  # tokens of this sequence already in the KV cache; the new tokens' K/V follow them
     num_logits: int  # logits wanted for the LAST num_logits of token_ids
+    positions: list[int] | None = None  # RoPE position of each new token; None: start_position + i
+    # Attention structure: parents[i] is the index in token_ids of the token new token i follows
+    # (-1: the cached prefix). None: a chain, each token following the one before it.
+    parents: list[int] | None = None
+
+    def __post_init__(self):
+        if self.positions is None:
+            self.positions = list(range(self.start_position, self.start_position + len(self.token_ids)))
 
 
 class ModelRunner:
     def __init__(self, model_dir: str | Path, kv_cache_tokens: int = 16384, block_size: int = 16,
-                 num_threads: int | None = None, device="cpu"):
+                 num_threads: int | None = None, engine: EngineConfig = EngineConfig()):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self.device = torch.device(device)
-        self.model = LlamaModel.from_pretrained(model_dir, self.device)
+        self.device = torch.device(engine.device)
+        self.model = LlamaModel.from_pretrained(model_dir, engine)
         self.config = self.model.config
         self.vocab_size: int = self.config.vocab_size
         self.max_context_length: int = self.config.max_position_embeddings
@@ -33,21 +44,23 @@ class ModelRunner:
         num_blocks = -(-kv_cache_tokens // block_size)
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.cache = KVCache(self.config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim,
-                             num_blocks, block_size, device=self.device)
+                             num_blocks, block_size, engine)
 
     def forward(self, batch: list[SequenceInput]) -> torch.Tensor:
         """ONE forward pass over every sequence's new tokens (flattened, no padding).
 
         Reserves KV capacity for start_position+len(token_ids) per sequence (raises
         OutOfBlocks before touching anything if it cannot), writes the new K/V into
-        the cache and returns fp32 logits [sum(num_logits), vocab] in batch order.
+        the cache and returns fp32 logits [sum(num_logits), vocab] in batch order,
+        whatever the engine's dtype.
         Committed lengths are the caller's: it calls allocator.truncate to roll back.
         """
         self._validate(batch)
         self._reserve_all(batch)
-        spans = [SeqSpan(s.start_position, len(s.token_ids), self.allocator.block_table(s.seq_id)) for s in batch]
-        write_slots = torch.cat([self.allocator.slots(s.seq_id, s.start_position, _end(s)) for s in batch])
-        attention = PagedAttention(spans, write_slots, self.cache, self.device)
+        spans = [SeqSpan(s.start_position, len(s.token_ids), self.allocator.block_table(s.seq_id), s.parents)
+                 for s in batch]
+        write_slots = torch.cat([self.allocator.slots(s.seq_id, s.start_position, _end(s)) for s in batch])  # [T]
+        attention = PagedAttention(spans, write_slots, self.cache)
         input_ids, positions, logit_rows = self._flatten(batch)
         with torch.inference_mode():
             return self.model.forward(input_ids, positions, attention, logit_rows)
@@ -61,7 +74,10 @@ class ModelRunner:
             if not s.token_ids or not 0 <= s.num_logits <= len(s.token_ids) or s.start_position < 0:
                 raise ValueError(f"bad input for {s.seq_id!r}: {len(s.token_ids)} tokens, "
                                  f"num_logits={s.num_logits}, start_position={s.start_position}")
-            if s.start_position + len(s.token_ids) > self.max_context_length:
+            if len(s.positions) != len(s.token_ids) or s.parents is not None and len(s.parents) != len(s.token_ids):
+                raise ValueError(f"{s.seq_id!r}: positions and parents need one entry per new token")
+            if s.start_position + len(s.token_ids) > self.max_context_length or \
+                    not 0 <= min(s.positions) <= max(s.positions) < self.max_context_length:
                 raise ValueError(f"{s.seq_id!r} would exceed the {self.max_context_length}-token context")
 
     def _reserve_all(self, batch: list[SequenceInput]) -> None:
@@ -78,7 +94,7 @@ class ModelRunner:
         for s in batch:
             n = len(s.token_ids)
             ids.extend(s.token_ids)
-            positions.extend(range(s.start_position, s.start_position + n))
+            positions.extend(s.positions)
             rows.extend(range(first + n - s.num_logits, first + n))
             first += n
         return tuple(torch.tensor(v, dtype=torch.int64, device=self.device) for v in (ids, positions, rows))

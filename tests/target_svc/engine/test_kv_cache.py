@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from target_svc.kv_cache import BlockAllocator, KVCache, OutOfBlocks
+from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks
 
 
 def test_reserve_allocates_whole_blocks():

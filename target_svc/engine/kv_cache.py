@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from target_svc.engine.config import EngineConfig
+
 
 class OutOfBlocks(Exception):
     """Not enough free KV blocks for a reservation."""
@@ -87,14 +89,15 @@ class KVCache:
     """Per-layer K and V pools of shape [num_blocks * block_size, num_kv_heads, head_dim]."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
-                 block_size: int, dtype: torch.dtype = torch.float32, device="cpu"):
+                 block_size: int, engine: EngineConfig = EngineConfig()):
         self.block_size = block_size
+        self.dtype, self.device = engine.dtype, torch.device(engine.device)
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         # Reused across layers and steps: fresh multi-MB tensors every layer cost page faults.
-        self._gather_k = torch.empty(0, dtype=dtype, device=device)
-        self._gather_v = torch.empty(0, dtype=dtype, device=device)
+        self._gather_k = torch.empty(0, dtype=self.dtype, device=self.device)
+        self._gather_v = torch.empty(0, dtype=self.dtype, device=self.device)
 
     def gather_buffers(self, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scratch K and V tensors [num_slots, KV, Dh] to gather cached keys into; valid until the next call."""

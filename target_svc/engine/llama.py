@@ -1,0 +1,156 @@
+"""The Llama model math: weights, loading, and one forward pass over a flattened batch.
+
+Numerics follow transformers' LlamaForCausalLM in the engine's dtype (RMSNorm
+statistics in fp32, as transformers computes them); the layout differs for
+speed on CPU: q/k/v and gate/up are each one fused matmul, tokens of all
+sequences are flattened into one [T, ...] batch (no padding), and the vocab
+projection runs only on the rows whose logits are wanted. Where the K/V go and
+which keys each query sees is the `PagedAttention` plan's business.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import AutoConfig, PretrainedConfig
+
+from target_svc.engine.attention import PagedAttention
+from target_svc.engine.config import EngineConfig
+from target_svc.engine.linear_cpu import linear
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [D]
+    qkv: torch.Tensor  # [(H + 2*KV) * Dh, D]
+    o: torch.Tensor  # [D, H * Dh]
+    post_norm: torch.Tensor  # [D]
+    gate_up: torch.Tensor  # [2 * I, D]
+    down: torch.Tensor  # [D, I]
+
+
+class Rope:
+    """Precomputed rotary cos/sin tables, half width: [max_positions, Dh / 2], computed in fp32."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, engine: EngineConfig):
+        inv_freq, scale = _rope_inv_freq(config, head_dim)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.int64).float()
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, Dh/2]
+        self.cos = (freqs.cos() * scale).to(device=engine.device, dtype=engine.dtype)
+        self.sin = (freqs.sin() * scale).to(device=engine.device, dtype=engine.dtype)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, Dh/2] for broadcasting over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, Dh]; same arithmetic as transformers' `x*cos + rotate_half(x)*sin`."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _rope_parameters(config: PretrainedConfig) -> dict:
+    """transformers 5 keeps these in `rope_parameters`; 4.x in `rope_theta` + `rope_scaling`."""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    params.setdefault("rope_type", params.get("type", "default"))
+    return params
+
+
+def _rope_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = _rope_parameters(config)
+    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if params["rope_type"] == "default":
+        return inv_freq, 1.0
+    if params["rope_type"] == "llama3":
+        return _llama3_inv_freq(inv_freq, params), 1.0
+    raise NotImplementedError(f"rope_type {params['rope_type']!r}")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    """Llama 3.1 frequency scaling: long wavelengths divided by `factor`, a smooth ramp between."""
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old_context = params["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < old_context / high) * ~(wavelen > old_context / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, D] normalised in fp32 and cast back to its dtype (as transformers does), times weight [D]."""
+    x32 = x.float()  # no copy when x is fp32
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class LlamaModel:
+    """Weights plus the forward pass; holds no per-sequence state (that lives in the KV cache)."""
+
+    def __init__(self, config: PretrainedConfig, state: dict[str, torch.Tensor],
+                 engine: EngineConfig = EngineConfig()):
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        state = {name.removeprefix("model."): t.to(device=engine.device, dtype=engine.dtype)
+                 for name, t in state.items()}
+        self.embed = state["embed_tokens.weight"]  # [V, D]
+        self.norm = state["norm.weight"]  # [D]
+        self.lm_head = state.get("lm_head.weight", self.embed)  # [V, D]; tied when absent
+        self.layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
+        self.rope = Rope(config, self.head_dim, engine)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, engine: EngineConfig = EngineConfig()) -> LlamaModel:
+        model_dir = Path(model_dir)
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(model_dir.glob("*.safetensors")):
+            state.update(load_file(shard))
+        return cls(AutoConfig.from_pretrained(model_dir), state, engine)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
+                logit_rows: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] (RoPE positions); logit_rows [R] -> fp32 logits [R, V]."""
+        h = F.embedding(input_ids, self.embed)  # [T, D]
+        cos, sin = self.rope.tables(positions)
+        for i, layer in enumerate(self.layers):
+            h = h + self._attention(i, layer, rms_norm(h, layer.input_norm, self.eps), cos, sin, attention)
+            h = h + self._mlp(layer, rms_norm(h, layer.post_norm, self.eps))
+        # The norm is per row, so gathering first keeps the vocab projection to the rows wanted.
+        return linear(rms_norm(h[logit_rows], self.norm, self.eps), self.lm_head).float()  # the verifier needs fp32
+
+    def _attention(self, i: int, layer: LayerWeights, x, cos, sin, attention: PagedAttention):
+        heads, kv = self.num_heads, self.num_kv_heads
+        qkv = linear(x, layer.qkv).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
+        qk = apply_rope(qkv[:, :heads + kv], cos, sin)  # [T, H+KV, Dh]
+        attention.write(i, qk[:, heads:], qkv[:, heads + kv:])
+        return linear(attention.attend(i, qk[:, :heads]), layer.o)
+
+    def _mlp(self, layer: LayerWeights, x):
+        gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)  # [T, I] each
+        return linear(F.silu(gate) * up, layer.down)
+
+
+def _layer_weights(state: dict[str, torch.Tensor], prefix: str) -> LayerWeights:
+    def w(name: str) -> torch.Tensor:
+        return state[prefix + name]
+
+    if any(prefix + f"self_attn.{p}.bias" in state for p in ("q_proj", "k_proj", "v_proj", "o_proj")) or \
+            prefix + "mlp.gate_proj.bias" in state:
+        raise NotImplementedError("Llama checkpoints with attention or MLP biases")
+    return LayerWeights(
+        input_norm=w("input_layernorm.weight"),
+        qkv=torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")]),
+        o=w("self_attn.o_proj.weight"),
+        post_norm=w("post_attention_layernorm.weight"),
+        gate_up=torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]),
+        down=w("mlp.down_proj.weight"),
+    )
