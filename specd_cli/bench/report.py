@@ -6,7 +6,7 @@ from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 
 DEFINITIONS = (
     "tok/s: completion tokens / summed request wall time; `vs X`: tok/s over X's on the same prompts; "
-    "tau: mean tokens per decode step, (completion - 1) / (verification steps - 1), prefill excluded; "
+    "tau: mean tokens per decoding step, (completion - 1) / verification steps, the prefill excluded; "
     "acc: accepted / draft tokens; TTFT: sent -> first token; ITL: per token after the first "
     "(a chunk of n tokens gives n gaps of 1/n of its interval); greedy = none: outputs equal to specd none's "
     "token for token.")
