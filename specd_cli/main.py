@@ -114,6 +114,22 @@ def _speculative_overrides(args: argparse.Namespace) -> common_pb2.SpeculativeCo
     return pb
 
 
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU, else cpu) | cpu | cuda[:N]")
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (default) | bfloat16 | float16 | auto (bf16 where the hardware runs it fast: "
+                             "CUDA, CPUs with AVX-512 BF16 or AMX; fp32 elsewhere); weights, KV cache and "
+                             "activations in it, logits and verification in fp32")
+
+
+def _engine_of(args: argparse.Namespace):
+    from target_svc.engine.config import EngineConfig
+    try:
+        return EngineConfig.parse(args.device, args.dtype)
+    except ValueError as err:
+        raise SystemExit(f"specd: {err}") from err
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specd", description=__doc__)
     parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
@@ -123,6 +139,7 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     up.add_argument("--threads", type=int, default=None, help="torch threads of the target (default: torch's)")
+    _add_engine_flags(up)
     up.set_defaults(run=_up)
 
     serve = commands.add_parser("serve", help="start one service")
@@ -149,6 +166,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="cost of verifying one more draft token, as a fraction of a one-token step; the "
                              f"target verifies only the part of a draft expected to pay (default {DEFAULT_DRAFT_TOKEN_COST})")
     target.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
+    target.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
+                        help="KV cache capacity in GiB instead of tokens (bf16 fits twice the tokens of fp32)")
+    _add_engine_flags(target)
     target.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
     target.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of requests that do not set it (default 256)")
@@ -240,7 +260,8 @@ def _serve(args: argparse.Namespace) -> int:
             model=args.model, address=args.listen, metrics_address=args.metrics_listen, drafters=drafters,
             default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
             draft_token_cost=args.draft_token_cost,
-            kv_cache_tokens=args.kv_cache_tokens, max_num_seqs=args.max_num_seqs,
+            kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gib=args.kv_cache_memory,
+            engine=_engine_of(args), max_num_seqs=args.max_num_seqs,
             default_max_tokens=args.default_max_tokens, num_threads=args.threads,
             shutdown_grace_s=args.shutdown_grace)))
     elif args.service == "gateway":
@@ -259,7 +280,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from specd_cli.stack import run_stack
-    return run_stack(args.model, args.threads)
+    _engine_of(args)  # a bad value is refused here, not by the target after the others started
+    return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,8 +143,8 @@ class Stack:
         self.down()
 
 
-def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None) -> int:
-    stack = Stack(model=model, threads=threads)
+def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None) -> int:
+    stack = Stack(model=model, threads=threads, extra_target_args=target_args or [])
     try:
         stack.up()
     except (RuntimeError, TimeoutError) as err:

@@ -71,6 +71,12 @@ class TargetMetrics:
                                     registry=r)
         self.kv_blocks_total = Gauge("specd_kv_cache_blocks_total",
                                      "KV cache blocks in the pool; usage = used / total", registry=r)
+        self.kv_bytes_per_token = Gauge("specd_kv_cache_bytes_per_token",
+                                        "Bytes of KV cache one token takes (K and V, every layer, in the engine's dtype)",
+                                        registry=r)
+        self.kv_tokens_total = Gauge("specd_kv_cache_tokens_total", "Tokens the KV cache holds at most", registry=r)
+        self.engine_info = Gauge("specd_engine_info", "The device and dtype the model runs in (value 1)",
+                                 ["device", "dtype"], registry=r)
         self.drafter_rpc_latency = Histogram(
             "specd_drafter_rpc_seconds",
             "Seconds of one batched Propose RPC to a drafter service, failed ones included, by method",

@@ -36,6 +36,7 @@ class TargetOptions:
     drafter_timeout_s: float = 0.05
     draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST
     kv_cache_tokens: int = 32768
+    kv_cache_memory_gib: float | None = None  # instead of kv_cache_tokens: as many tokens as fit in this memory
     max_num_seqs: int = 64
     default_max_tokens: int = 256
     num_threads: int | None = None
@@ -55,7 +56,8 @@ class TargetService(Service):
         self.compute_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specd-compute")
         self.runner = self.compute_thread.submit(
             ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads,
-            engine=options.engine).result()
+            engine=options.engine, kv_cache_memory_gib=options.kv_cache_memory_gib).result()
+        self._report_engine(options.engine)
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
@@ -68,6 +70,14 @@ class TargetService(Service):
                            target_pb2.DESCRIPTOR.services_by_name["Target"].full_name)
         super().__init__("target", [spec], options.address, options.metrics_address, self.metrics.registry)
         self._loop_task: asyncio.Task | None = None
+
+    def _report_engine(self, engine: EngineConfig) -> None:
+        cache = self.runner.cache
+        log.info("engine: %s %s; KV cache %d tokens x %d bytes = %.0f MiB", engine.device, engine.dtype_name,
+                 cache.num_tokens, cache.bytes_per_token, cache.num_tokens * cache.bytes_per_token / 2 ** 20)
+        self.metrics.engine_info.labels(engine.device, engine.dtype_name).set(1)
+        self.metrics.kv_bytes_per_token.set(cache.bytes_per_token)
+        self.metrics.kv_tokens_total.set(cache.num_tokens)
 
     def _draft_source(self, method: str, address: str | None, options: TargetOptions) -> DraftSource:
         if address:

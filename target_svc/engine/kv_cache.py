@@ -85,6 +85,11 @@ class BlockAllocator:
         return -(-max(length, 0) // self.block_size)
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V of every layer: in bf16 the same memory holds twice the tokens of fp32."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+
 class KVCache:
     """Per-layer K and V pools of shape [num_blocks * block_size, num_kv_heads, head_dim]."""
 
@@ -92,6 +97,8 @@ class KVCache:
                  block_size: int, engine: EngineConfig = EngineConfig()):
         self.block_size = block_size
         self.dtype, self.device = engine.dtype, torch.device(engine.device)
+        self.num_tokens = num_blocks * block_size
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]

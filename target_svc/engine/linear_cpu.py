@@ -1,46 +1,49 @@
-"""The engine's matmul, `x @ weight^T`: on CPU in fp32, the GEMM formulation measured fastest for the row count."""
+"""The engine's matmul, `x @ weight^T`: on CPU in fp32, the GEMM formulation measured fastest on this
+machine, for this model's weights, at each row count.
+
+Which fp32 formulation is fastest depends on the row count M (the step's new tokens), the thread
+count and the CPU, by up to 4x, so no fixed table is right everywhere. Two machines of this project,
+2 threads, ms per forward of the default model's 30 layers:
+
+  M                                 1     8    32   128
+  AMD EPYC     F.linear            52    67   113     —
+               transposed          23    54   109     —
+               oneDNN              32    57    97     —
+  Intel Xeon   F.linear           8.7  20.1  33.7  85.6
+  (AMX)        transposed        19.2  19.7  29.9 112.2
+               oneDNN            13.2  21.4  40.1  97.1
+
+So the engine measures the formulations once at start (`LinearPlan.measure`, under 1 s) and keeps
+the fastest per row-count bucket. "transposed" is MKL's GEMM with the few rows as its small n side,
+(weight @ x^T)^T.
+
+In bf16 and fp16 the engine packs each weight once for oneDNN (the layout its AMX / AVX-512 kernels
+read) with a one-row hint: measured on the Xeon, 6.7 ms instead of F.linear's 10.6 for the 30
+layers at M = 1, 8.9 instead of 13.0 at M = 32, the vocab projection 1.3 ms instead of 2.5, and each
+output row is bit-identical whatever the row count (checked up to 512 rows), so a row's logits do
+not depend on what else is in the batch: speculative and plain decoding agree token for token.
+"""
 from __future__ import annotations
 
+import bisect
 import functools
+import logging
+import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-# Which fp32 GEMM formulation is fastest depends on the row count M (the new
-# tokens) and the thread count, by up to 4x. Measured with torch 2.13 (MKL +
-# oneDNN) on a 2-core AMD EPYC over weights shaped like the default model's
-# (30 layers + vocab projection), in ms per forward:
-#
-#   M                        1    2    4    8   16   32  256
-#   2 threads  F.linear     52   94   71   67   80  113  534
-#              transposed   23   24   34   54   77  109  598
-#              oneDNN       32   47   50   57   73   97  477
-#   1 thread   F.linear     53   94   72   84  113  167  968
-#              transposed   38   37   58   98  136  200 1103
-#              oneDNN       47   83   89  100  129  183  960
-#
-# "transposed" is MKL's GEMM with the few rows as its small n side, i.e.
-# (weight @ x^T)^T, rows padded to 2, 4 or 8 (n = 1 drops to a slow GEMV).
-#
-# bf16 and fp16 use F.linear: in bf16 the three formulations are within ~15% of
-# each other (2 threads: ~11-13 ms at M = 1 and 8, ~14-17 ms at 32), and
-# F.linear's rows are bit-identical whatever the row count.
+log = logging.getLogger(__name__)
 
-
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K], weight [N, K] -> x @ weight^T [M, N], by the formulation measured fastest for M."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
-        return F.linear(x, weight)
-    rows, single_thread = x.shape[0], torch.get_num_threads() == 1
-    if rows <= (4 if single_thread else 8):
-        return transposed_linear(x, weight)
-    if (rows > 128 or not single_thread) and onednn_available():
-        return onednn_linear(x, weight)
-    return F.linear(x, weight)
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Plans hold one choice per bucket; a row count goes to the smallest bucket at least as large.
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T computed as (weight @ x^T)^T, rows padded to a power of two of at least 2."""
+    """x @ weight^T computed as (weight @ x^T)^T, rows padded to a power of two of at least 2
+    (n = 1 drops MKL to a slow GEMV)."""
     rows = x.shape[0]
     padded = max(2, 1 << max(rows - 1, 0).bit_length())
     x_pad = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])]) if padded > rows else x  # [p, K]
@@ -60,3 +63,82 @@ def onednn_available() -> bool:
     except (AttributeError, RuntimeError):
         return False
     return True
+
+
+def formulations() -> dict[str, Linear]:
+    """Every way this torch build can compute x @ weight^T on CPU."""
+    found = {"F.linear": F.linear, "transposed": transposed_linear}
+    if onednn_available():
+        found["oneDNN"] = onednn_linear
+    return found
+
+
+PACKED = "oneDNN packed"
+
+
+def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
+    """The weight in oneDNN's blocked layout, tuned for one row at a time (rows stay independent)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+
+
+class LinearPlan:
+    """x @ weight^T by one chosen formulation per row-count bucket (ROW_BUCKETS). Weights go through
+    `prepare` once before use (a packed plan packs them)."""
+
+    def __init__(self, names: tuple[str, ...]):
+        available = {**formulations(), PACKED: onednn_linear}
+        self.names = names
+        self._choices = tuple(available[name] for name in names)
+
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        return pack_for_onednn(weight) if self.names[0] == PACKED else weight
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [M, K], weight [N, K] -> [M, N]."""
+        bucket = min(bisect.bisect_left(ROW_BUCKETS, x.shape[0]), len(ROW_BUCKETS) - 1)
+        return self._choices[bucket](x, weight)
+
+    @classmethod
+    def torch_default(cls) -> LinearPlan:
+        return cls(("F.linear",) * len(ROW_BUCKETS))
+
+    @classmethod
+    def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
+        """For fp32 weights on CPU: per bucket, the formulation fastest over `weights` (say, one
+        layer's). bf16 and fp16 on CPU: packed for oneDNN where it runs them. Elsewhere F.linear."""
+        if weights[0].device.type != "cpu":
+            return cls.torch_default()
+        if weights[0].dtype != torch.float32:
+            return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
+        started, names = time.perf_counter(), []
+        for rows in ROW_BUCKETS:
+            inputs = [torch.randn(rows, w.shape[1]) for w in weights]
+            seconds = {name: _best_of(repeats, fn, inputs, weights) for name, fn in formulations().items()}
+            names.append(min(seconds, key=seconds.get))
+        plan = cls(tuple(names))
+        log.info("matmul plan, measured in %.1f s: %s", time.perf_counter() - started, plan.describe())
+        return plan
+
+    def describe(self) -> str:
+        return ", ".join(f"{rows} rows {name}" for rows, name in zip(ROW_BUCKETS, self.names))
+
+
+def _packing_works(weight: torch.Tensor) -> bool:
+    if not onednn_available():
+        return False
+    try:
+        onednn_linear(weight.new_ones(1, weight.shape[1]), pack_for_onednn(weight[:4]))
+    except RuntimeError:
+        return False
+    return True
+
+
+def _best_of(repeats: int, fn: Linear, inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> float:
+    fn(inputs[0], weights[0])  # warm-up: first calls pay for allocation and dispatch
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for x, w in zip(inputs, weights):
+            fn(x, w)
+        best = min(best, time.perf_counter() - started)
+    return best

@@ -10,8 +10,9 @@ which keys each query sees is the `PagedAttention` plan's business.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from target_svc.engine.attention import PagedAttention
 from target_svc.engine.config import EngineConfig
-from target_svc.engine.linear_cpu import linear
+from target_svc.engine.linear_cpu import LinearPlan
 
 
 @dataclass
@@ -31,6 +32,11 @@ class LayerWeights:
     post_norm: torch.Tensor  # [D]
     gate_up: torch.Tensor  # [2 * I, D]
     down: torch.Tensor  # [D, I]
+
+    def prepared(self, prepare: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
+        """The matmul weights as the engine's matmul wants them (e.g. packed for oneDNN)."""
+        return replace(self, qkv=prepare(self.qkv), o=prepare(self.o), gate_up=prepare(self.gate_up),
+                       down=prepare(self.down))
 
 
 class Rope:
@@ -104,8 +110,10 @@ class LlamaModel:
                  for name, t in state.items()}
         self.embed = state["embed_tokens.weight"]  # [V, D]
         self.norm = state["norm.weight"]  # [D]
-        self.lm_head = state.get("lm_head.weight", self.embed)  # [V, D]; tied when absent
-        self.layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
+        layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
+        self.linear = LinearPlan.measure([layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down])
+        self.layers = [layer.prepared(self.linear.prepare) for layer in layers]
+        self.lm_head = self.linear.prepare(state.get("lm_head.weight", self.embed))  # [V, D]; tied when absent
         self.rope = Rope(config, self.head_dim, engine)
 
     @classmethod
@@ -125,18 +133,18 @@ class LlamaModel:
             h = h + self._attention(i, layer, rms_norm(h, layer.input_norm, self.eps), cos, sin, attention)
             h = h + self._mlp(layer, rms_norm(h, layer.post_norm, self.eps))
         # The norm is per row, so gathering first keeps the vocab projection to the rows wanted.
-        return linear(rms_norm(h[logit_rows], self.norm, self.eps), self.lm_head).float()  # the verifier needs fp32
+        return self.linear(rms_norm(h[logit_rows], self.norm, self.eps), self.lm_head).float()  # the verifier needs fp32
 
     def _attention(self, i: int, layer: LayerWeights, x, cos, sin, attention: PagedAttention):
         heads, kv = self.num_heads, self.num_kv_heads
-        qkv = linear(x, layer.qkv).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
+        qkv = self.linear(x, layer.qkv).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
         qk = apply_rope(qkv[:, :heads + kv], cos, sin)  # [T, H+KV, Dh]
         attention.write(i, qk[:, heads:], qkv[:, heads + kv:])
-        return linear(attention.attend(i, qk[:, :heads]), layer.o)
+        return self.linear(attention.attend(i, qk[:, :heads]), layer.o)
 
     def _mlp(self, layer: LayerWeights, x):
-        gate, up = linear(x, layer.gate_up).chunk(2, dim=-1)  # [T, I] each
-        return linear(F.silu(gate) * up, layer.down)
+        gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)  # [T, I] each
+        return self.linear(F.silu(gate) * up, layer.down)
 
 
 def _layer_weights(state: dict[str, torch.Tensor], prefix: str) -> LayerWeights:

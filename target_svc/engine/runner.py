@@ -9,7 +9,7 @@ import torch
 
 from target_svc.engine.attention import PagedAttention, SeqSpan
 from target_svc.engine.config import EngineConfig
-from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks
+from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks, kv_bytes_per_token
 from target_svc.engine.llama import LlamaModel
 
 
@@ -32,7 +32,9 @@ class SequenceInput:
 
 class ModelRunner:
     def __init__(self, model_dir: str | Path, kv_cache_tokens: int = 16384, block_size: int = 16,
-                 num_threads: int | None = None, engine: EngineConfig = EngineConfig()):
+                 num_threads: int | None = None, engine: EngineConfig = EngineConfig(),
+                 kv_cache_memory_gib: float | None = None):
+        """The KV cache holds kv_cache_tokens, or as many tokens as kv_cache_memory_gib holds."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(engine.device)
@@ -41,6 +43,10 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.max_context_length: int = self.config.max_position_embeddings
         self.eos_token_ids: list[int] = _eos_token_ids(Path(model_dir), self.config)
+        if kv_cache_memory_gib is not None:
+            bytes_per_token = kv_bytes_per_token(self.config.num_hidden_layers, self.model.num_kv_heads,
+                                                 self.model.head_dim, engine.dtype)
+            kv_cache_tokens = int(kv_cache_memory_gib * 2 ** 30 // bytes_per_token)
         num_blocks = -(-kv_cache_tokens // block_size)
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.cache = KVCache(self.config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim,

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from target_svc.engine.config import EngineConfig
+from target_svc.engine.config import EngineConfig, runs_bf16_fast
 
 
 def test_default_is_fp32_on_cpu():
@@ -28,3 +28,19 @@ def test_parse_keeps_the_device():
 def test_parse_rejects_other_values_by_name(device, dtype, named):
     with pytest.raises(ValueError, match=named):
         EngineConfig.parse(device, dtype)
+
+
+def test_auto_is_bf16_exactly_where_the_hardware_runs_it_fast():
+    auto = EngineConfig.parse("auto", "auto")
+    assert auto.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert auto.dtype == (torch.bfloat16 if runs_bf16_fast(auto.device) else torch.float32)
+    assert EngineConfig.parse("cpu", "bf16").dtype_name == "bfloat16"
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    from target_svc.engine.config import _cpu_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n")
+    assert {"avx512_bf16", "avx512f"} <= _cpu_flags(cpuinfo)
+    assert _cpu_flags(tmp_path / "absent") == set()

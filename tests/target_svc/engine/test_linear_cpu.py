@@ -1,4 +1,5 @@
-"""Every matmul formulation computes x @ weight^T; choosing one does no work at import."""
+"""Every matmul formulation computes x @ weight^T; the engine uses the one measured fastest per row
+count, and choosing does no work at import."""
 import os
 import subprocess
 import sys
@@ -7,38 +8,58 @@ from pathlib import Path
 import pytest
 import torch
 
-from target_svc.engine.linear_cpu import linear, onednn_available, onednn_linear, transposed_linear
-
-FORMULATIONS = [linear, transposed_linear] + ([onednn_linear] if onednn_available() else [])
+from target_svc.engine.linear_cpu import PACKED, ROW_BUCKETS, LinearPlan, formulations
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("formulation", FORMULATIONS)
+@pytest.mark.parametrize("name", list(formulations()))
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 5, 8, 9, 40, 130])
-def test_every_linear_formulation_matches_torch(formulation, rows, threads):
+def test_every_linear_formulation_matches_torch(name, rows, threads):
     x, weight = random_matrix(rows, 48, seed=rows), random_matrix(80, 48, seed=100 + rows)
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)  # linear's choice depends on it
+    torch.set_num_threads(threads)
     try:
-        out = formulation(x, weight)
+        out = formulations()[name](x, weight)
     finally:
         torch.set_num_threads(before)
     assert out.shape == (rows, 80) and out.is_contiguous()
     torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 9, 130])
-def test_bf16_linear_is_torch_linear(rows):
-    x, weight = random_matrix(rows, 48, seed=rows).bfloat16(), random_matrix(80, 48, seed=1).bfloat16()
-    assert torch.equal(linear(x, weight), torch.nn.functional.linear(x, weight))
+def test_a_measured_plan_has_a_formulation_for_every_bucket_and_computes_x_times_weight():
+    plan = LinearPlan.measure([random_matrix(96, 48, seed=1), random_matrix(48, 96, seed=2)], repeats=1)
+    assert len(plan.names) == len(ROW_BUCKETS) and set(plan.names) <= set(formulations())
+    for rows in (1, 3, 300):
+        x, weight = random_matrix(rows, 48, seed=rows), random_matrix(96, 48, seed=3)
+        torch.testing.assert_close(plan(x, weight), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
-def test_importing_the_engine_runs_no_onednn_probe():
+def test_rows_go_to_the_smallest_bucket_that_holds_them():
+    names = tuple("transposed" if rows == 8 else "F.linear" for rows in ROW_BUCKETS)
+    plan = LinearPlan(names)
+    assert plan._choices[3] is formulations()["transposed"]  # buckets 1, 2, 4, 8: rows 5..8 go to 8
+    x, weight = random_matrix(6, 48, seed=6), random_matrix(80, 48, seed=1)
+    torch.testing.assert_close(plan(x, weight), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_weights_are_packed_once_and_a_rows_result_does_not_depend_on_the_batch():
+    weight = random_matrix(80, 48, seed=1).bfloat16()
+    plan = LinearPlan.measure([weight])
+    assert len(set(plan.names)) == 1 and plan.names[0] in (PACKED, "F.linear")  # F.linear without oneDNN
+    prepared = plan.prepare(weight)
+    x = random_matrix(300, 48, seed=9).bfloat16()
+    everything = plan(x, prepared)
+    assert all(torch.equal(everything[i:i + 1], plan(x[i:i + 1], prepared)) for i in range(0, 300, 29))
+    torch.testing.assert_close(everything.float(), torch.nn.functional.linear(x, weight).float(),
+                               atol=0.1, rtol=0.02)
+
+
+def test_importing_the_engine_runs_no_probe():
     # A fresh interpreter: this one has long since probed.
     check = ("import torch, target_svc.engine.runner, target_svc.engine.linear_cpu as m\n"
              "assert m.onednn_available.cache_info().currsize == 0, 'probed at import'\n"
-             "m.linear(torch.ones(200, 2), torch.ones(3, 2))\n"
-             "assert m.onednn_available.cache_info().currsize == 1, 'linear did not probe on first use'\n")
+             "m.LinearPlan.measure([torch.ones(3, 2)], repeats=1)\n"
+             "assert m.onednn_available.cache_info().currsize == 1, 'measuring did not probe'\n")
     repo_root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=120)
