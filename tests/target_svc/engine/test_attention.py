@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from target_svc.engine.attention import SeqSpan, attention_mask
+from target_svc.engine.attention import GROUP_COST_KEYS, SeqSpan, attention_mask, by_context_length
 
 NOT_A_CHAIN = [-1, 0, 0]  # two tokens following the first: a tree
 
@@ -47,3 +47,12 @@ def test_a_token_tree_is_not_implemented_yet(start):
     spans = [SeqSpan(start=start, num_new=3, blocks=[0, 1, 2], parents=NOT_A_CHAIN)]
     with pytest.raises(NotImplementedError, match="tree-verification issue"):
         attention_mask(spans, 3, torch.float32, "cpu")
+
+
+def test_short_query_sequences_are_grouped_by_context_length():
+    contexts = [100, 120, 900, 950, 3000, 110]
+    assert by_context_length(list(range(6)), contexts) == [[0, 5, 1], [2, 3], [4]]
+    similar = [500, 510, 520, 530]  # padding 30 keys each is cheaper than another group
+    assert by_context_length(list(range(4)), similar) == [[0, 1, 2, 3]]
+    assert by_context_length([0, 1], [10, 10 + 2 * GROUP_COST_KEYS]) == [[0], [1]]
+    assert by_context_length([], []) == []
