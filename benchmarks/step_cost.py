@@ -1,8 +1,9 @@
 """Time one target forward over N new tokens at a fixed cached context: specd vs transformers.
 
     .venv/bin/python benchmarks/step_cost.py [--model DIR] [--context 1000] [--repeats 15] [--threads N]
+        [--dtypes float32,bfloat16] [--batch-sizes 1,8,32]
 
-Both sides run the same weights on the same threads and return logits for
+Both sides run the same weights in the same dtype on the same threads and return logits for
 every new token (what a verification step needs). transformers runs
 LlamaForCausalLM with a DynamicCache prefilled to the context and cropped back
 after every timed call; specd runs its ModelRunner and truncates the same way.
@@ -19,10 +20,10 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
+from target_svc.engine.config import EngineConfig
 from target_svc.engine.runner import ModelRunner, SequenceInput
 
 NEW_TOKENS = (1, 2, 4, 8, 16, 32)
-BATCH_SIZES = (1, 8)
 WARMUP = 2
 
 
@@ -32,6 +33,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=1000, help="tokens already cached per sequence")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per point (median reported)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtypes", type=lambda t: t.split(","), default=["float32", "bfloat16"],
+                        help="comma-separated, one table each (default float32,bfloat16)")
+    parser.add_argument("--batch-sizes", type=lambda t: [int(b) for b in t.split(",")], default=[1, 8, 32],
+                        help="sequences per step, comma-separated (default 1,8,32)")
     return parser.parse_args()
 
 
@@ -51,12 +56,12 @@ def median_ms_each(sides: list, new_tokens: torch.Tensor, repeats: int) -> list[
 
 
 class SpecdSide:
-    def __init__(self, model_dir, prompts: torch.Tensor, threads: int):
+    def __init__(self, model_dir, prompts: torch.Tensor, threads: int, engine: EngineConfig):
         batch, context = prompts.shape
         self.context = context
         block_size = 16
         self.runner = ModelRunner(model_dir, kv_cache_tokens=batch * (context + max(NEW_TOKENS) + block_size),
-                                  block_size=block_size, num_threads=threads)
+                                  block_size=block_size, num_threads=threads, engine=engine)
         self.seq_ids = [f"seq{i}" for i in range(batch)]
         self.runner.forward([SequenceInput(s, p.tolist(), 0, 1) for s, p in zip(self.seq_ids, prompts)])
 
@@ -71,12 +76,12 @@ class SpecdSide:
 
 
 class HFSide:
-    def __init__(self, model_dir, prompts: torch.Tensor):
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    def __init__(self, model_dir, prompts: torch.Tensor, dtype: torch.dtype, batch_sizes: list[int]):
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.context = prompts.shape[1]
-        # One cache for a single sequence and one batched cache for all of them.
-        self.caches = {size: self._prefill(prompts[:size]) for size in BATCH_SIZES}
-        self.active = self.caches[1]
+        # One cache per batch size.
+        self.caches = {size: self._prefill(prompts[:size]) for size in batch_sizes}
+        self.active = self.caches[batch_sizes[0]]
 
     def _prefill(self, prompts: torch.Tensor) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -107,23 +112,26 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = resolve_model(args.model)
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(0, 1000, (max(BATCH_SIZES), args.context), generator=gen)  # [B, context]
-    specd, hf = SpecdSide(model_dir, prompts, args.threads), HFSide(model_dir, prompts)
-
+    prompts = torch.randint(0, 1000, (max(args.batch_sizes), args.context), generator=gen)  # [B, context]
     print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}\n- cpu: {cpu_model()}\n"
           f"- torch: {torch.__version__}, threads: {torch.get_num_threads()}\n"
           f"- model: {model_dir.name}, context: {args.context} cached tokens per sequence\n"
           f"- median of {args.repeats} calls after {WARMUP} warm-up, specd and HF alternating; "
-          f"ratio = specd / HF\n")
-    print("| new tokens | specd 1 seq ms | HF 1 seq ms | ratio | specd 8 seq ms | HF 8 seq ms | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n in NEW_TOKENS:
-        cells = [str(n)]
-        for size in BATCH_SIZES:
-            new_tokens = torch.randint(0, 1000, (size, n), generator=gen)  # [B, n]
-            ours, theirs = median_ms_each([specd, hf], new_tokens, args.repeats)
-            cells += [f"{ours:.1f}", f"{theirs:.1f}", f"{ours / theirs:.2f}"]
-        print("| " + " | ".join(cells) + " |", flush=True)
+          f"ratio = specd / HF")
+    for dtype_name in args.dtypes:
+        engine = EngineConfig.parse("cpu", dtype_name)
+        specd = SpecdSide(model_dir, prompts, args.threads, engine)
+        hf = HFSide(model_dir, prompts, engine.dtype, args.batch_sizes)
+        print(f"\n{engine.dtype_name}:\n")
+        print("| new tokens | " + " | ".join(f"specd {b} seq ms | HF {b} seq ms | ratio" for b in args.batch_sizes) + " |")
+        print("|---:|" + "---:|---:|---:|" * len(args.batch_sizes))
+        for n in NEW_TOKENS:
+            cells = [str(n)]
+            for size in args.batch_sizes:
+                new_tokens = torch.randint(0, 1000, (size, n), generator=gen)  # [B, n]
+                ours, theirs = median_ms_each([specd, hf], new_tokens, args.repeats)
+                cells += [f"{ours:.1f}", f"{theirs:.1f}", f"{ours / theirs:.2f}"]
+            print("| " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
