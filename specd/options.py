@@ -59,12 +59,16 @@ class Option:
 
 @dataclass(frozen=True)
 class OptionSchema:
-    """The options one method takes."""
+    """The options one method takes. `known` is False while they are not known yet (the method's
+    drafter has not described itself): then given options pass on unchecked but for their type."""
     method: str
     options: tuple[Option, ...] = field(default=())
+    known: bool = True
 
     def resolve(self, given: Mapping[str, Any], field_prefix: str = "speculative.options") -> dict[str, OptionValue]:
         """Every option of the method: the given ones checked, the rest at their defaults."""
+        if not self.known:
+            return {name: _as_plain_value(value, f"{field_prefix}.{name}") for name, value in given.items()}
         by_name = {option.name: option for option in self.options}
         for name in given:
             if name not in by_name:
@@ -81,11 +85,12 @@ class OptionSchema:
         return values
 
     def to_pb(self) -> common_pb2.MethodInfo:
-        return common_pb2.MethodInfo(method=self.method, options=[o.to_pb() for o in self.options])
+        return common_pb2.MethodInfo(method=self.method, options=[o.to_pb() for o in self.options],
+                                     options_unknown=not self.known)
 
     @classmethod
     def from_pb(cls, pb: common_pb2.MethodInfo) -> OptionSchema:
-        return cls(pb.method, tuple(Option.from_pb(o) for o in pb.options))
+        return cls(pb.method, tuple(Option.from_pb(o) for o in pb.options), known=not pb.options_unknown)
 
 
 def options_from_pb(pb: struct_pb2.Struct, field_prefix: str = "speculative.options") -> dict[str, Any]:
@@ -122,6 +127,12 @@ def _as_type(type_name: str, value: Any, field_name: str) -> OptionValue:
             raise InvalidArgument(field_name, f"must be a whole number, got {value}")
         return int(value)
     return float(value)
+
+
+def _as_plain_value(value: Any, field_name: str) -> OptionValue:
+    if isinstance(value, bool | str) or isinstance(value, (int, float)) and math.isfinite(value):
+        return value
+    raise InvalidArgument(field_name, f"must be a number, a bool or a string, got {value!r}")
 
 
 def _value_kwargs(value: OptionValue) -> dict[str, Any]:

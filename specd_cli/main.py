@@ -162,6 +162,9 @@ def _build_parser() -> argparse.ArgumentParser:
                              "without an address, a proposer that runs in the target (repeatable)")
     target.add_argument("--drafter-timeout-ms", type=float, default=50.0,
                         help="deadline of one Propose RPC; a late drafter means a draft-free step (default 50)")
+    target.add_argument("--drafter-startup-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long to wait at start for a drafter to describe its options; one still down "
+                             "then is served draft-free, its options unchecked, until it answers (default 10)")
     target.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
                         help="cost of verifying one more draft token, as a fraction of a one-token step; the "
                              f"target verifies only the part of a draft expected to pay (default {DEFAULT_DRAFT_TOKEN_COST})")
@@ -259,7 +262,7 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.run(serve(TargetOptions(
             model=args.model, address=args.listen, metrics_address=args.metrics_listen, drafters=drafters,
             default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
-            draft_token_cost=args.draft_token_cost,
+            draft_token_cost=args.draft_token_cost, drafter_startup_timeout_s=args.drafter_startup_timeout,
             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gib=args.kv_cache_memory,
             engine=_engine_of(args), max_num_seqs=args.max_num_seqs,
             default_max_tokens=args.default_max_tokens, num_threads=args.threads,

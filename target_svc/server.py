@@ -34,6 +34,7 @@ class TargetOptions:
     drafters: dict[str, str | None] = field(default_factory=dict)
     default_speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     drafter_timeout_s: float = 0.05
+    drafter_startup_timeout_s: float = 10.0  # then a drafter still down is served draft-free until it answers
     draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST
     kv_cache_tokens: int = 32768
     kv_cache_memory_gib: float | None = None  # instead of kv_cache_tokens: as many tokens as fit in this memory
@@ -81,7 +82,8 @@ class TargetService(Service):
 
     def _draft_source(self, method: str, address: str | None, options: TargetOptions) -> DraftSource:
         if address:
-            return RemoteDrafter(method, address, options.drafter_timeout_s, self.metrics)
+            return RemoteDrafter(method, address, options.drafter_timeout_s, self.metrics,
+                                 options.drafter_startup_timeout_s)
         if method not in IN_TARGET_SOURCES:
             raise ValueError(f"no in-target proposer {method!r} (there are: {', '.join(IN_TARGET_SOURCES) or 'none'}); "
                              f"a drafter service is given as METHOD=ADDRESS")
@@ -89,7 +91,7 @@ class TargetService(Service):
 
     async def start(self) -> None:
         await self.drafters.start()
-        self.servicer.serve_methods(self.drafters.schemas)
+        self.servicer.serve_methods(lambda: self.drafters.schemas)
         self._loop_task = asyncio.get_running_loop().create_task(self.scheduler.run())
         self._loop_task.add_done_callback(self._on_scheduler_exit)
         await super().start()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Callable
 
 from specd.rpc import rpc_handler
 from specd.errors import InvalidArgument, check_length
@@ -23,16 +24,16 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
         self._scheduler = scheduler
         self._info = model_info
         self._default_speculative = default_speculative
-        self._schemas: dict[str, OptionSchema] = {}
+        self._schemas_of: Callable[[], dict[str, OptionSchema]] = dict
         self.rpc_metrics = metrics.rpc_metrics
 
-    def serve_methods(self, schemas: dict[str, OptionSchema]) -> None:
-        """The methods the deployment serves and their options, known once every draft source has
-        started; the deployment's default must suit them."""
+    def serve_methods(self, schemas_of: Callable[[], dict[str, OptionSchema]]) -> None:
+        """The methods the deployment serves and their options as they are now (a drafter that was
+        down at start describes its options later); the deployment's default must suit them."""
+        schemas = schemas_of()
         self._default_speculative.check_as_default(schemas)
-        self._schemas = schemas
+        self._schemas_of = schemas_of
         self._info.methods[:] = list(schemas)
-        self._info.method_info.extend(schema.to_pb() for schema in schemas.values())
 
     @rpc_handler
     async def Generate(self, request: target_pb2.TargetGenerateRequest, context):
@@ -52,7 +53,10 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
 
     @rpc_handler
     async def GetModelInfo(self, request, context):
-        return self._info
+        info = target_pb2.ModelInfo()
+        info.CopyFrom(self._info)
+        info.method_info.extend(schema.to_pb() for schema in self._schemas_of().values())  # as known now
+        return info
 
     def _sequence_of(self, request: target_pb2.TargetGenerateRequest) -> Sequence:
         check_length("request_id", request.request_id, MAX_REQUEST_ID_CHARS, "characters")
@@ -66,7 +70,7 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
             raise InvalidArgument("prompt_token_ids", f"token ids must be in 0..{self._info.vocab_size - 1}")
         sampling = SamplingParams.from_pb(request.sampling)
         sampling.validate()
-        speculative = self._default_speculative.resolve(request.speculative, self._schemas)
+        speculative = self._default_speculative.resolve(request.speculative, self._schemas_of())
         max_tokens = min(sampling.max_tokens or self._info.default_max_tokens, context_len - len(prompt))
         # A fresh internal id: callers' ids need not be unique (KV block tables' must be), and only
         # this short one travels to the drafters every step.

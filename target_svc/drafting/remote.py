@@ -25,17 +25,18 @@ log = logging.getLogger(__name__)
 
 RELEASE_TIMEOUT_S = 1.0
 RELEASE_RETRY_MAX_S = 30.0
-# A drafter service should be listening by the time the target has loaded its model.
-DESCRIBE_TIMEOUT_S = 60.0
+DESCRIBE_RETRY_S = 2.0
 
 
 class RemoteDrafter:
     """One drafter service; remembers how many of each sequence's tokens it has been told."""
 
-    def __init__(self, method: str, address: str, timeout_s: float, metrics: TargetMetrics):
+    def __init__(self, method: str, address: str, timeout_s: float, metrics: TargetMetrics,
+                 startup_timeout_s: float = 10.0):
         self.method = method
         self.address = address
         self._timeout_s = timeout_s
+        self._startup_timeout_s = startup_timeout_s
         self._metrics = metrics
         self._channel = insecure_channel(address)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
@@ -44,6 +45,7 @@ class RemoteDrafter:
         # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
         self._unreleased: set[str] = set()
         self._release_task: asyncio.Task | None = None
+        self._describe_task: asyncio.Task | None = None
 
     @property
     def schema(self) -> OptionSchema:
@@ -51,16 +53,29 @@ class RemoteDrafter:
         return self._schema
 
     async def start(self) -> None:
-        """Learn the method's options from the service itself, waiting for it to come up."""
+        """Learn the method's options from the service itself. A drafter that is down costs speed,
+        not the target: after `startup_timeout_s` the method is served with its options unchecked
+        (and draft-free while the drafter is down) until the drafter answers."""
+        if not await self._describe(self._startup_timeout_s):
+            log.warning("drafter %s at %s is not answering; serving %s draft-free, its options unchecked, "
+                        "until it does", self.method, self.address, self.method)
+            self._schema = OptionSchema(self.method, known=False)
+            self._describe_task = asyncio.get_running_loop().create_task(self._describe_until_answered())
+
+    async def _describe(self, timeout_s: float) -> bool:
         try:
-            info = await self._stub.Describe(drafter_pb2.DescribeRequest(), wait_for_ready=True,
-                                             timeout=DESCRIBE_TIMEOUT_S)
-        except grpc.aio.AioRpcError as error:
-            raise RuntimeError(f"drafter {self.method!r} at {self.address} did not answer Describe: "
-                               f"{error.code().name} {error.details()}") from error
+            info = await self._stub.Describe(drafter_pb2.DescribeRequest(), wait_for_ready=True, timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
         if info.method != self.method:
             raise RuntimeError(f"the drafter at {self.address} serves {info.method!r}, not {self.method!r}")
         self._schema = OptionSchema.from_pb(info)
+        return True
+
+    async def _describe_until_answered(self) -> None:
+        while not await self._describe(DESCRIBE_RETRY_S):
+            await asyncio.sleep(DESCRIBE_RETRY_S)
+        log.info("drafter %s at %s answered: its options are known", self.method, self.address)
 
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         """Drafts of at most k tokens for each (sequence, k); {} if the drafter failed."""
@@ -139,6 +154,7 @@ class RemoteDrafter:
             backoff = RELEASE_TIMEOUT_S
 
     async def close(self) -> None:
-        if self._release_task is not None:
-            self._release_task.cancel()
+        for task in (self._release_task, self._describe_task):
+            if task is not None:
+                task.cancel()
         await self._channel.close()

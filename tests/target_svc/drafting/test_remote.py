@@ -2,16 +2,20 @@
 services on loopback."""
 import asyncio
 
+import grpc
 import pytest
 
 from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.server import create_service as create_drafter
 from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_TOKENS
+from specd.options import options_to_pb
 from specd.ports import free_ports
 from specd.types import SamplingParams, SpeculativeConfig
+from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_svc.drafting.remote import RemoteDrafter
 from target_svc.metrics import TargetMetrics
 from target_svc.sequence import Sequence
+from target_svc.server import TargetOptions, TargetService
 
 LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4
 
@@ -79,3 +83,42 @@ async def test_requests_stay_within_the_drafter_api_bounds(client, address):
         assert len(held) == 3  # never the sequence longer than a drafter holds
     finally:
         await drafter.stop(grace=0)
+
+
+async def test_a_drafter_down_when_the_target_starts_costs_speed_then_serves_once_it_answers(tiny_model_dir, address):
+    target = TargetService(TargetOptions(
+        model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None, kv_cache_tokens=2048,
+        drafters={"ngram": address}, drafter_startup_timeout_s=0.5,
+        default_speculative=SpeculativeConfig("ngram", 8, {"prompt_lookup_min": 1})))
+    await target.start()  # no drafter listens yet: the target serves anyway
+    drafter = None
+    try:
+        async with grpc.aio.insecure_channel(target.grpc_address) as channel:
+            stub = target_pb2_grpc.TargetStub(channel)
+
+            async def generate(method, **options):
+                request = target_pb2.TargetGenerateRequest(
+                    prompt_token_ids=LOOPING_PROMPT, sampling=common_pb2.SamplingParams(max_tokens=16),
+                    speculative=common_pb2.SpeculativeConfig(method=method, options=options_to_pb(options)))
+                chunks = [c async for c in stub.Generate(request)]
+                return [t for c in chunks for t in c.token_ids], chunks[-1].usage
+
+            plain, _ = await generate("none")
+            tokens, usage = await generate("ngram")
+            assert tokens == plain and usage.draft_tokens == 0  # draft-free while the drafter is down
+            drafter = await started_drafter(address, SequenceRegistry())
+            for _ in range(100):
+                info = await stub.GetModelInfo(target_pb2.ModelInfoRequest())
+                if not info.method_info[1].options_unknown:
+                    break
+                await asyncio.sleep(0.1)
+            assert [o.name for o in info.method_info[1].options] == ["prompt_lookup_min", "prompt_lookup_max"]
+            with pytest.raises(grpc.aio.AioRpcError) as error:  # its options are checked again
+                await generate("ngram", prompt_lookup_min=0)
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            tokens, usage = await generate("ngram")
+            assert tokens == plain and usage.draft_tokens > 0
+    finally:
+        await target.stop(0)
+        if drafter is not None:
+            await drafter.stop(0)
