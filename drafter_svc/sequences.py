@@ -61,6 +61,7 @@ class SequenceState:
         # Bumped whenever held tokens are dropped or replaced, so incremental indexes know to rebuild.
         self.epoch = 0
         self.acceptance = AcceptanceHistory()
+        self.options: dict[str, Any] = {}  # the method's options for this sequence, resolved once
         # Whatever the proposer keeps per sequence (an n-gram index); it lives and dies with the sequence.
         self.proposer_state: Any = None
         self._expected: list[int] = []

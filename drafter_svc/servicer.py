@@ -44,10 +44,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     async def Describe(self, request: drafter_pb2.DescribeRequest, context):
         return self._proposer.schema.to_pb()
 
-    def _propose(self, requested: list[tuple[SequenceUpdate, int, dict]]) -> list[drafter_pb2.Draft]:
+    def _propose(self, requested: list[tuple[SequenceUpdate, int, dict | None]]) -> list[drafter_pb2.Draft]:
         states = [self._sequences.apply(update) for update, _, _ in requested]
-        batch = [DraftRequest(state, max_tokens, options)
-                 for state, (_, max_tokens, options) in zip(states, requested) if state is not None]
+        for state, (_, _, options) in zip(states, requested):
+            if state is not None and options is not None:
+                state.options = options
+        batch = [DraftRequest(state, max_tokens, state.options)
+                 for state, (_, max_tokens, _) in zip(states, requested) if state is not None]
         started = time.perf_counter()
         drafts = self._proposer.propose(batch)
         self._metrics.observe_drafts(drafts, time.perf_counter() - started)
@@ -73,9 +76,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._metrics.sequences.set(len(self._sequences))
         self._metrics.tokens_held.set(self._sequences.tokens_held)
 
-    def _parse_updates(self, request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, int, dict]]:
-        """Every entry (its update, draft budget and resolved options), validated before any state
-        changes, so a bad request leaves no trace."""
+    def _parse_updates(self, request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, int, dict | None]]:
+        """Every entry (its update, draft budget and, from position 0, its resolved options), validated
+        before any state changes, so a bad request leaves no trace."""
         check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
         total = sum(len(pb.appended_token_ids) for pb in request.sequences)
         if total > MAX_PROPOSE_TOKENS:
@@ -90,6 +93,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             if not 0 <= pb.max_draft_tokens <= MAX_SPECULATIVE_TOKENS:
                 raise InvalidArgument(f"{field}.max_draft_tokens",
                                       f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {pb.max_draft_tokens}")
-            options = self._proposer.schema.resolve(options_from_pb(pb.options, f"{field}.options"), f"{field}.options")
+            options = None if pb.start_position else \
+                self._proposer.schema.resolve(options_from_pb(pb.options, f"{field}.options"), f"{field}.options")
             parsed.append((update, pb.max_draft_tokens, options))
         return parsed

@@ -32,9 +32,9 @@ class GatewayService(Service):
         self.metrics = GatewayMetrics()
         self._target_channel = target_channel
         self._target_health = UpstreamHealth(f"target at {target_address}", target_channel, self.set_serving)
-        servicer = GenerationServicer(tokenizer, target_pb2_grpc.TargetStub(target_channel), self._target_health,
-                                      model_info, default_speculative, self.metrics, upstream_timeout_s)
-        spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, servicer,
+        self._servicer = GenerationServicer(tokenizer, target_pb2_grpc.TargetStub(target_channel), self._target_health,
+                                            model_info, default_speculative, self.metrics, upstream_timeout_s)
+        spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, self._servicer,
                            generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)
         super().__init__("gateway", [spec], address, metrics_address, self.metrics.registry)
 
@@ -45,6 +45,7 @@ class GatewayService(Service):
     async def stop(self, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
         await self._target_health.stop()
         await super().stop(grace)
+        self._servicer.close()
         await self._target_channel.close()
 
 

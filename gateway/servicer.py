@@ -67,6 +67,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             finally:
                 upstream.cancel()  # a stop string ended the stream early; a no-op if the target finished
 
+    def close(self) -> None:
+        self._encoder.shutdown(wait=False)
+
     def _upstream_timeout(self, context: grpc.aio.ServicerContext) -> float:
         """The gateway's own bound on a request, or less when the client's deadline comes sooner."""
         client_remaining = context.time_remaining()

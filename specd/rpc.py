@@ -157,42 +157,55 @@ def invalid_utf8_field(descriptor: Descriptor, raw: bytes, prefix: str = "") -> 
 
 class UndecodableRequestInterceptor(grpc.aio.ServerInterceptor):
     """Answers a request that does not parse (e.g. a string field that is not UTF-8) with
-    INVALID_ARGUMENT naming the field, for every unary-request method of the server."""
+    INVALID_ARGUMENT naming the field, for every unary-request method of the server. Each method's
+    handler is wrapped once, not per call (the drafter's Propose runs every decoding step)."""
+
+    def __init__(self):
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}  # only methods the server has: bounded
 
     async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
-            return handler
-        parse = handler.request_deserializer
-        message_class = getattr(parse, "__self__", None)  # generated stubs pass the class's FromString
-        if message_class is None:
-            return handler
-        descriptor = message_class.DESCRIPTOR
+        wrapped = self._wrapped.get(handler_call_details.method)
+        if wrapped is None:
+            handler = await continuation(handler_call_details)
+            if handler is None:
+                return None
+            wrapped = self._wrapped[handler_call_details.method] = _answering_undecodable(handler)
+        return wrapped
 
-        def deserialize(raw: bytes):
-            try:
-                return parse(raw)
-            except DecodeError:
-                return _Undecodable(descriptor, raw)
 
-        if handler.response_streaming:
-            behavior = handler.unary_stream
+def _answering_undecodable(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    if handler.request_streaming or handler.request_deserializer is None:
+        return handler
+    parse = handler.request_deserializer
+    message_class = getattr(parse, "__self__", None)  # generated stubs pass the class's FromString
+    if message_class is None:
+        return handler
+    descriptor = message_class.DESCRIPTOR
 
-            async def unary_stream(request, context):
-                if isinstance(request, _Undecodable):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-                responses = behavior(request, context)
-                if inspect.isasyncgen(responses):
-                    async for response in responses:
-                        yield response
-                else:  # a handler that streams with context.write() (the health service's Watch)
-                    await responses
-            return handler._replace(request_deserializer=deserialize, unary_stream=unary_stream)
+    def deserialize(raw: bytes):
+        try:
+            return parse(raw)
+        except DecodeError:
+            return _Undecodable(descriptor, raw)
 
-        behavior = handler.unary_unary
+    if handler.response_streaming:
+        behavior = handler.unary_stream
 
-        async def unary_unary(request, context):
+        async def unary_stream(request, context):
             if isinstance(request, _Undecodable):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
-            return await behavior(request, context)
-        return handler._replace(request_deserializer=deserialize, unary_unary=unary_unary)
+            responses = behavior(request, context)
+            if inspect.isasyncgen(responses):
+                async for response in responses:
+                    yield response
+            else:  # a handler that streams with context.write() (the health service's Watch)
+                await responses
+        return handler._replace(request_deserializer=deserialize, unary_stream=unary_stream)
+
+    behavior = handler.unary_unary
+
+    async def unary_unary(request, context):
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return await behavior(request, context)
+    return handler._replace(request_deserializer=deserialize, unary_unary=unary_unary)

@@ -95,16 +95,19 @@ class SpeculativeConfig:
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise InvalidArgument("speculative.num_speculative_tokens",
                                   f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
-        declared = {option.name for option in schema.options}
-        defaults = {name: value for name, value in self.options.items() if name in declared}
-        return SpeculativeConfig(method, k, schema.resolve({**defaults, **options_from_pb(request.options)}))
+        return SpeculativeConfig(method, k, schema.resolve({**self._defaults_for(schema),
+                                                            **options_from_pb(request.options)}))
 
     def check_as_default(self, schemas: Mapping[str, OptionSchema]) -> None:
         """A deployment default must resolve, and its options must suit the methods that declare them."""
         self.resolve(common_pb2.SpeculativeConfig(), schemas)
         for schema in schemas.values():
-            declared = {option.name for option in schema.options}
-            schema.resolve({name: value for name, value in self.options.items() if name in declared})
+            schema.resolve(self._defaults_for(schema))
+
+    def _defaults_for(self, schema: OptionSchema) -> dict[str, OptionValue]:
+        """This (deployment) config's options that `schema`'s method declares."""
+        declared = {option.name for option in schema.options}
+        return {name: value for name, value in self.options.items() if name in declared}
 
     def to_pb(self) -> common_pb2.SpeculativeConfig:
         return common_pb2.SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,

@@ -159,11 +159,9 @@ class Scheduler:
     def _drop_aborted(self) -> None:
         for seq in [s for s in self._running if s.aborted]:
             self._finish(seq, "aborted")
-        if any(s.aborted for s in self._waiting):
-            for seq in self._waiting:
-                if seq.aborted:
-                    seq.status = SequenceStatus.FINISHED
-            self._waiting = deque(s for s in self._waiting if not s.aborted)
+        for seq in [s for s in self._waiting if s.aborted]:
+            seq.status = SequenceStatus.FINISHED
+            self._waiting.remove(seq)
         self._update_gauges()
 
     def _fail(self, seq: Sequence) -> None:

@@ -109,9 +109,11 @@ class RemoteDrafter:
 
     def _update(self, seq: Sequence, k: int) -> drafter_pb2.SequenceUpdate:
         start = self._synced.get(seq.request_id, 0)
-        return drafter_pb2.SequenceUpdate(sequence_id=seq.request_id, start_position=start,
-                                          appended_token_ids=seq.tokens[start:], max_draft_tokens=k,
-                                          options=options_to_pb(seq.speculative.options))
+        update = drafter_pb2.SequenceUpdate(sequence_id=seq.request_id, start_position=start,
+                                            appended_token_ids=seq.tokens[start:], max_draft_tokens=k)
+        if start == 0:  # the drafter keeps a sequence's options from its first update on
+            update.options.CopyFrom(options_to_pb(seq.speculative.options))
+        return update
 
     def _accept(self, wanted: list[tuple[Sequence, int]],
                 response: drafter_pb2.ProposeResponse) -> dict[str, DraftTree]:

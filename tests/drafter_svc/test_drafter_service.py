@@ -159,6 +159,16 @@ async def test_sequences_never_released_are_evicted_and_the_state_size_is_export
     assert metrics[("specd_drafter_evictions_total", (("reason", "capacity"),))] == 1
 
 
+async def test_a_sequences_options_from_its_first_update_hold_for_the_later_ones(stub):
+    only_single_tokens_repeat = [7, 1, 2, 8, 9, 7]
+    (draft,) = await propose(stub, update("s", 0, only_single_tokens_repeat, params(min_n=1)))
+    assert list(draft.token_ids)[:1] == [1]
+    later = drafter_pb2.SequenceUpdate(sequence_id="s", start_position=6, appended_token_ids=[4, 7],
+                                       max_draft_tokens=4)  # no options: prompt_lookup_min stays 1, not 2
+    (draft,) = await propose(stub, later)
+    assert list(draft.token_ids)[:1] == [4]  # only the single token 7 recurs
+
+
 async def test_describe_tells_the_method_and_its_options(stub):
     info = await stub.Describe(drafter_pb2.DescribeRequest())
     assert info.method == "ngram"
