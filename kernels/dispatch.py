@@ -1,6 +1,8 @@
 """The one place that chooses a kernel implementation, per call.
 
-Triton kernels for CUDA tensors, the PyTorch references for everything else.
+Triton kernels for CUDA tensors; for CPU tensors the compiled C++ kernels
+(`kernels.cpu`, attention only) where they build, the PyTorch references for
+everything else.
 `SPECD_KERNELS=triton|torch` overrides the choice; it is read at every call.
 `triton` is optional: without it everything runs on the references. With
 `SPECD_KERNELS=triton` and `TRITON_INTERPRET=1`, the Triton kernels run on CPU
@@ -15,7 +17,7 @@ from types import ModuleType
 
 import torch
 
-from kernels import reference
+from kernels import cpu, reference
 
 _CHOICES = ("triton", "torch")
 
@@ -44,6 +46,25 @@ def triton_implementation() -> ModuleType | None:
         if error.name != "triton" and not (error.name or "").startswith("triton."):
             raise
         return None
+
+
+def prepare(device: torch.device) -> None:
+    """Build now what the kernels for `device` need (the CPU extension), not in the first request."""
+    if device.type == "cpu" and os.environ.get("SPECD_KERNELS") != "torch":
+        cpu.compiled()
+
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_tables: torch.Tensor, query_start: torch.Tensor, context_start: torch.Tensor,
+                    tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
+                    scale: float) -> torch.Tensor:
+    """See `kernels.reference.attention.paged_attention`."""
+    module = implementation(query.device)
+    if module is reference and query.device.type == "cpu" and os.environ.get("SPECD_KERNELS") != "torch" \
+            and cpu.compiled():
+        module = cpu
+    return module.paged_attention(query, key_cache, value_cache, block_tables, query_start, context_start,
+                                  tree_mask, tree_offsets, block_size, scale)
 
 
 def greedy_accept(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,

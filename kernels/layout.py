@@ -32,3 +32,17 @@ def segment_ids(offsets: torch.Tensor) -> torch.Tensor:
     """[offsets[-1]] the segment of each element, for segments starting at offsets [S+1]."""
     elements = torch.arange(int(offsets[-1]), device=offsets.device)
     return torch.searchsorted(offsets[1:], elements, right=True)
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[n, n] bool for one token tree: entry [i, j] is True iff node j is node i or one of its ancestors.
+
+    parents[i] is node i's parent, -1 for the root's children (the cached prefix); parents precede children.
+    """
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"parents[{i}] = {parent}: a parent is -1 (the cached prefix) or an earlier node")
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask

@@ -1,11 +1,11 @@
-"""Random verification batches, for the kernel tests and the kernel benchmark."""
+"""Random verification and attention batches, for the kernel tests and the kernel benchmark."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
-from kernels.layout import target_row_offsets
+from kernels.layout import ancestor_mask, target_row_offsets
 
 
 @dataclass
@@ -78,3 +78,51 @@ def _random_parents(num_nodes: int, tree: bool, gen: torch.Generator) -> torch.T
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+
+@dataclass
+class AttentionBatch:
+    """Every input of `paged_attention`, for one random batch over a shuffled paged cache."""
+    query: torch.Tensor  # [T, H, Dh]
+    key_cache: torch.Tensor  # [slots, KV, Dh]
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor  # [B, W]
+    query_start: torch.Tensor  # [B+1]
+    context_start: torch.Tensor  # [B]
+    tree_mask: torch.Tensor | None
+    tree_offsets: torch.Tensor  # [B]
+    block_size: int
+    scale: float
+
+    def args(self) -> tuple:
+        return tuple(vars(self).values())
+
+
+def random_attention_batch(num_new: list[int], cached: list[int], *, trees: frozenset[int] = frozenset(),
+                           heads: int = 9, kv_heads: int = 3, head_dim: int = 64, block_size: int = 16,
+                           dtype: torch.dtype = torch.float32, seed: int = 0,
+                           device: str | torch.device = "cpu") -> AttentionBatch:
+    """Sequence b brings num_new[b] queries after cached[b] cached tokens; the sequences in `trees`
+    get random token trees, the others are chains. Blocks are spread over the cache at random."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-(c + n) // block_size) for c, n in zip(cached, num_new))
+    num_blocks = len(num_new) * width + 1
+    tables = torch.randperm(num_blocks, generator=gen)[:len(num_new) * width].view(len(num_new), width)
+    masks, offsets = [], []
+    for b, n in enumerate(num_new):
+        offsets.append(sum(m.numel() for m in masks) if b in trees else -1)
+        if b in trees:
+            masks.append(ancestor_mask([int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n)]).flatten())
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
+
+    return AttentionBatch(
+        query=randn(sum(num_new), heads, head_dim), key_cache=randn(num_blocks * block_size, kv_heads, head_dim),
+        value_cache=randn(num_blocks * block_size, kv_heads, head_dim), block_tables=tables.to(device),
+        query_start=torch.tensor([0, *num_new], device=device).cumsum(0),
+        context_start=torch.tensor(cached, dtype=torch.int64, device=device),
+        tree_mask=torch.cat(masks).to(device) if masks else None,
+        tree_offsets=torch.tensor(offsets, dtype=torch.int64, device=device),
+        block_size=block_size, scale=head_dim ** -0.5)
+

@@ -1,7 +1,8 @@
-"""Plain PyTorch implementations of every verification kernel (vectorised, any device): the specification."""
+"""Plain PyTorch implementations of every kernel (any device): the specification."""
+from kernels.reference.attention import paged_attention
 from kernels.reference.chain import greedy_accept, rejection_sample, sample_recovered
 from kernels.reference.kv import compact_kv
 from kernels.reference.tree import build_tree_attention, tree_greedy_accept
 
-__all__ = ["build_tree_attention", "compact_kv", "greedy_accept", "rejection_sample", "sample_recovered",
-           "tree_greedy_accept"]
+__all__ = ["build_tree_attention", "compact_kv", "greedy_accept", "paged_attention", "rejection_sample",
+           "sample_recovered", "tree_greedy_accept"]

@@ -5,8 +5,6 @@ sequence); `KVCache` holds the per-layer K/V pools the slots index into.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from target_svc.engine.config import EngineConfig
@@ -102,15 +100,3 @@ class KVCache:
         shape = (num_blocks * block_size, num_kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
-        # Reused across layers and steps: fresh multi-MB tensors every layer cost page faults.
-        self._gather_k = torch.empty(0, dtype=self.dtype, device=self.device)
-        self._gather_v = torch.empty(0, dtype=self.dtype, device=self.device)
-
-    def gather_buffers(self, num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scratch K and V tensors [num_slots, KV, Dh] to gather cached keys into; valid until the next call."""
-        shape = (num_slots, *self.keys[0].shape[1:])
-        numel = math.prod(shape)
-        if self._gather_k.numel() < numel:
-            self._gather_k = torch.empty(numel, dtype=self._gather_k.dtype, device=self._gather_k.device)
-            self._gather_v = torch.empty_like(self._gather_k)
-        return self._gather_k[:numel].view(shape), self._gather_v[:numel].view(shape)

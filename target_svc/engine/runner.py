@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+import kernels
 from target_svc.engine.attention import PagedAttention, SeqSpan
 from target_svc.engine.config import EngineConfig
 from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks, kv_bytes_per_token
@@ -38,6 +39,7 @@ class ModelRunner:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(engine.device)
+        kernels.prepare(self.device)
         self.model = LlamaModel.from_pretrained(model_dir, engine)
         self.config = self.model.config
         self.vocab_size: int = self.config.vocab_size

@@ -1,58 +1,50 @@
-"""The attention mask: what each new token sees, built from the sequence's attention structure."""
-import pytest
+"""The attention plan: block tables, query layout and tree masks every layer's kernel call reads."""
 import torch
 
-from target_svc.engine.attention import GROUP_COST_KEYS, SeqSpan, attention_mask, by_context_length
-
-NOT_A_CHAIN = [-1, 0, 0]  # two tokens following the first: a tree
-
-
-def visible(mask: torch.Tensor) -> list[list[list[int]]]:
-    """[G, 1, n, L] additive mask -> for each sequence and query, the key indices it sees."""
-    return [[torch.nonzero(row == 0).flatten().tolist() for row in seq[0]] for seq in mask]
+from kernels import reference
+from target_svc.engine.attention import PagedAttention, SeqSpan, tree_masks
+from target_svc.engine.kv_cache import KVCache
 
 
-def test_chain_query_sees_the_cached_prefix_and_the_new_tokens_before_it():
-    spans = [SeqSpan(start=2, num_new=2, blocks=[0]), SeqSpan(start=0, num_new=1, blocks=[1])]
-    mask, is_causal = attention_mask(spans, 2, torch.float32, "cpu")
-    assert not is_causal and mask.shape == (2, 1, 2, 4) and mask.dtype == torch.float32
-    # The second sequence's pad query (row 1) sees what its real query sees, and more: its output is dropped.
-    assert visible(mask) == [[[0, 1, 2], [0, 1, 2, 3]], [[0], [0, 1]]]
+def test_the_plan_describes_each_sequence_to_the_kernel():
+    cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=4, num_blocks=6, block_size=4)
+    spans = [SeqSpan(start=5, num_new=2, blocks=[3, 1]), SeqSpan(start=0, num_new=3, blocks=[4])]
+    plan = PagedAttention(spans, torch.arange(5), cache)
+    assert plan.block_tables.tolist() == [[3, 1], [4, 0]]  # padded with block 0, never read
+    assert plan.query_start.tolist() == [0, 2, 5]
+    assert plan.context_start.tolist() == [5, 0]
+    assert plan.tree_offsets.tolist() == [-1, -1] and plan.tree_mask is None
 
 
-def test_an_explicit_chain_is_a_chain():
-    spans = [SeqSpan(start=2, num_new=3, blocks=[0], parents=[-1, 0, 1])]
-    explicit, _ = attention_mask(spans, 3, torch.float32, "cpu")
-    implicit, _ = attention_mask([SeqSpan(start=2, num_new=3, blocks=[0])], 3, torch.float32, "cpu")
-    assert torch.equal(explicit, implicit)
+def test_a_chain_given_as_parents_is_a_chain():
+    offsets, mask = tree_masks([SeqSpan(start=2, num_new=3, blocks=[0], parents=[-1, 0, 1])], "cpu")
+    assert offsets.tolist() == [-1] and mask is None
 
 
-def test_mask_has_the_cache_dtype():
-    mask, _ = attention_mask([SeqSpan(start=5, num_new=3, blocks=[0, 1])], 3, torch.bfloat16, "cpu")
-    assert mask.dtype == torch.bfloat16
+def test_tree_spans_get_ancestor_masks_at_their_offsets():
+    spans = [SeqSpan(start=4, num_new=3, blocks=[0], parents=[-1, 0, 0]), SeqSpan(start=1, num_new=1, blocks=[1]),
+             SeqSpan(start=0, num_new=2, blocks=[2], parents=[-1, -1])]
+    offsets, mask = tree_masks(spans, "cpu")
+    assert offsets.tolist() == [0, -1, 9]
+    assert mask[:9].view(3, 3).tolist() == [[True, False, False], [True, True, False], [True, False, True]]
+    assert mask[9:].view(2, 2).tolist() == [[True, False], [False, True]]
 
 
-def test_equal_prefills_from_the_start_use_sdpa_causal_mask():
-    spans = [SeqSpan(start=0, num_new=4, blocks=[0]), SeqSpan(start=0, num_new=4, blocks=[1])]
-    assert attention_mask(spans, 4, torch.float32, "cpu") == (None, True)
-
-
-def test_one_query_each_at_equal_context_sees_every_key():
-    spans = [SeqSpan(start=7, num_new=1, blocks=[0, 1]), SeqSpan(start=7, num_new=1, blocks=[2, 3])]
-    assert attention_mask(spans, 1, torch.float32, "cpu") == (None, False)
-
-
-@pytest.mark.parametrize("start", [0, 9], ids=["prefill", "verify"])
-def test_a_token_tree_is_not_implemented_yet(start):
-    spans = [SeqSpan(start=start, num_new=3, blocks=[0, 1, 2], parents=NOT_A_CHAIN)]
-    with pytest.raises(NotImplementedError, match="tree-verification issue"):
-        attention_mask(spans, 3, torch.float32, "cpu")
-
-
-def test_short_query_sequences_are_grouped_by_context_length():
-    contexts = [100, 120, 900, 950, 3000, 110]
-    assert by_context_length(list(range(6)), contexts) == [[0, 5, 1], [2, 3], [4]]
-    similar = [500, 510, 520, 530]  # padding 30 keys each is cheaper than another group
-    assert by_context_length(list(range(4)), similar) == [[0, 1, 2, 3]]
-    assert by_context_length([0, 1], [10, 10 + 2 * GROUP_COST_KEYS]) == [[0], [1]]
-    assert by_context_length([], []) == []
+def test_attend_reads_what_write_put_in_the_cache():
+    torch.manual_seed(0)
+    cache = KVCache(num_layers=2, num_kv_heads=2, head_dim=8, num_blocks=4, block_size=4)
+    spans = [SeqSpan(start=0, num_new=6, blocks=[2, 0]), SeqSpan(start=0, num_new=1, blocks=[3])]
+    slots = torch.tensor([8, 9, 10, 11, 0, 1, 12])
+    plan = PagedAttention(spans, slots, cache)
+    k, v, q = torch.randn(7, 2, 8), torch.randn(7, 2, 8), torch.randn(7, 4, 8)
+    plan.write(1, k, v)
+    out = plan.attend(1, q)
+    # The first sequence's last token sees all six keys: plain attention over them, heads sharing K/V in pairs.
+    keys, values = k[:6].repeat_interleave(2, dim=1), v[:6].repeat_interleave(2, dim=1)
+    weights = torch.einsum("hd,khd->hk", q[5] / 8 ** 0.5, keys).softmax(-1)
+    assert torch.allclose(out[5], torch.einsum("hk,khd->hd", weights, values).flatten(), atol=1e-5)
+    # A single token sees only itself.
+    assert torch.allclose(out[6], v[6].repeat_interleave(2, dim=0).flatten(), atol=1e-6)
+    assert torch.allclose(out, reference.paged_attention(q, cache.keys[1], cache.values[1], plan.block_tables,
+                          plan.query_start, plan.context_start, None, plan.tree_offsets, 4, 8 ** -0.5).flatten(1),
+                          atol=1e-5)

@@ -107,13 +107,3 @@ def test_kv_cache_pool_shapes():
     assert cache.keys[0].shape == cache.values[2].shape == (20, 2, 8)
     assert cache.keys[0].dtype == torch.float32
 
-
-def test_gather_buffers_grow_and_are_reused():
-    cache = KVCache(num_layers=1, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4)
-    k, v = cache.gather_buffers(8)
-    assert k.shape == v.shape == (8, 2, 8)
-    assert k.data_ptr() != v.data_ptr()
-    k_small, _ = cache.gather_buffers(4)
-    assert k_small.data_ptr() == k.data_ptr()
-    k_big, _ = cache.gather_buffers(20)
-    assert k_big.shape == (20, 2, 8)

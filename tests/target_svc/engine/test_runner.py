@@ -184,13 +184,14 @@ def test_explicit_chain_positions_and_parents_change_nothing(tiny_model_dir):
     assert torch.equal(*logits)
 
 
-@pytest.mark.parametrize("start", [0, 10], ids=["prefill", "verify"])
-def test_a_token_tree_is_not_implemented_yet(runner, start):
-    if start:
-        runner.forward([SequenceInput("a", tokens(start, 17), 0, 1)])
-    tree = SequenceInput("a", tokens(3, 18), start, 3, parents=[-1, 0, 0])
-    with pytest.raises(NotImplementedError, match="tree-verification issue"):
-        runner.forward([tree])
+def test_each_node_of_a_token_tree_gets_the_logits_of_its_path(runner, hf_model):
+    prompt, (a, b, c, d) = tokens(10, 17), tokens(4, 18)
+    runner.forward([SequenceInput("a", prompt, 0, 1)])
+    # a, then b and c both after a, then d after c: paths a, a-b, a-c, a-c-d; positions are depths.
+    tree = SequenceInput("a", [a, b, c, d], 10, 4, positions=[10, 11, 11, 12], parents=[-1, 0, 0, 2])
+    logits = runner.forward([tree])
+    for node, path in enumerate([[a], [a, b], [a, c], [a, c, d]]):
+        assert_close(logits[node], reference(hf_model, prompt + path)[-1])
 
 
 def test_bf16_engine_is_bf16_and_close_to_fp32(tiny_model_dir):

@@ -1,0 +1,43 @@
+"""C++ kernels for CPU tensors, compiled on first use by torch's extension builder and cached.
+
+Where the extension cannot be built (no compiler, no ninja) `compiled()` is
+False and `kernels.dispatch` runs the PyTorch references instead: the same
+results up to rounding, but slower and not batch invariant. `make install`
+builds it ahead of time, so services start without a compile.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name("paged_attention.cpp")]
+# -march=native: the extension is compiled where it runs (cached per machine under
+# torch's extension directory), so it may use every vector unit that machine has.
+CFLAGS = ["-O3", "-march=native", "-std=c++17"]
+
+
+@functools.cache
+def compiled() -> bool:
+    """Build (or load the cached build of) the extension; False where it cannot be built."""
+    from torch.utils import cpp_extension
+    try:
+        cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                           is_python_module=False, verbose=False)
+    except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
+        log.warning("CPU kernels unavailable, using the PyTorch references: %s", error)
+        return False
+    return True
+
+
+def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                    block_tables: torch.Tensor, query_start: torch.Tensor, context_start: torch.Tensor,
+                    tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
+                    scale: float) -> torch.Tensor:
+    """See `kernels.reference.attention.paged_attention`; batch invariant (paged_attention.cpp)."""
+    return torch.ops.specd.paged_attention(query, key_cache, value_cache, block_tables, query_start,
+                                           context_start, tree_mask, tree_offsets, block_size, scale)

@@ -1,0 +1,83 @@
+"""Paged attention: the compiled CPU kernel against the PyTorch reference, and batch invariance."""
+import pytest
+import torch
+
+from kernels import cpu, dispatch, reference
+from kernels.layout import ancestor_mask
+from kernels.testing import random_attention_batch
+
+compiled = pytest.mark.skipif(not cpu.compiled(), reason="the CPU kernels cannot be built here (no compiler)")
+
+BATCHES = {
+    "decode": ([1, 1, 1], [5, 100, 37]),
+    "mixed": ([1, 5, 40, 3], [0, 17, 3, 300]),
+    "prefill": ([70], [0]),
+    "one_block": ([2, 1], [0, 3]),
+}
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def test_an_ancestor_mask_follows_parents_down_to_the_prefix():
+    assert ancestor_mask([-1, 0, 1, 0]).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]
+
+
+@pytest.mark.parametrize("parents", [[0, 0], [-1, 1], [-1, -2]])
+def test_a_parent_after_its_child_is_rejected(parents):
+    with pytest.raises(ValueError, match="parent"):
+        ancestor_mask(parents)
+
+
+def test_the_reference_is_plain_attention_over_what_each_query_sees():
+    batch = random_attention_batch([3], [2], trees=frozenset({0}), heads=2, kv_heads=1, head_dim=4, block_size=2,
+                                   seed=3)
+    out = reference.paged_attention(*batch.args())
+    positions = torch.arange(5)
+    slots = batch.block_tables[0, positions // 2] * 2 + positions % 2
+    keys, values = batch.key_cache[slots, 0], batch.value_cache[slots, 0]  # [5, Dh]: one KV head for both
+    mask = batch.tree_mask.view(3, 3)
+    for i in range(3):
+        seen = torch.cat([torch.ones(2, dtype=torch.bool), mask[i]])
+        weights = (keys[seen] @ batch.query[i].T * batch.scale).softmax(0)  # [seen, H]
+        torch.testing.assert_close(out[i], weights.T @ values[seen])
+
+
+@compiled
+@pytest.mark.parametrize("dtype", TOLERANCE, ids=str)
+@pytest.mark.parametrize("trees", [frozenset(), frozenset({0, 1})], ids=["chains", "trees"])
+@pytest.mark.parametrize("shape", BATCHES.values(), ids=BATCHES.keys())
+def test_cpu_kernel_matches_the_reference(shape, trees, dtype):
+    batch = random_attention_batch(*shape, trees=trees, dtype=dtype)
+    expected = reference.paged_attention(*batch.args())
+    actual = cpu.paged_attention(*batch.args())
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+@compiled
+def test_cpu_kernel_reads_strided_query_rows():
+    batch = random_attention_batch([4, 2], [9, 30], seed=1)
+    wide = torch.cat([batch.query, torch.randn(6, 5, 64)], dim=1)  # queries as a slice of a wider projection
+    strided = cpu.paged_attention(wide[:, :9], *batch.args()[1:])
+    assert torch.equal(strided, cpu.paged_attention(*batch.args()))
+
+
+@compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_query_gets_the_same_bits_whatever_else_is_in_the_batch(dtype):
+    """A token decoded alone, or verified third among five drafts beside other sequences, attends identically."""
+    verify = random_attention_batch([5, 1, 40], [98, 7, 300], dtype=dtype, seed=2)
+    alone = random_attention_batch([1], [100], dtype=dtype, seed=2)
+    alone.key_cache, alone.value_cache = verify.key_cache, verify.value_cache
+    alone.block_tables = verify.block_tables[:1]
+    alone.query = verify.query[2:3]
+    in_batch = cpu.paged_attention(*verify.args())[2]
+    assert torch.equal(cpu.paged_attention(*alone.args())[0], in_batch)
+
+
+@compiled
+def test_dispatch_runs_cpu_tensors_on_the_compiled_kernel_unless_told_otherwise(monkeypatch):
+    batch = random_attention_batch([3, 1], [4, 20], dtype=torch.bfloat16)
+    monkeypatch.delenv("SPECD_KERNELS", raising=False)
+    assert torch.equal(dispatch.paged_attention(*batch.args()), cpu.paged_attention(*batch.args()))
+    monkeypatch.setenv("SPECD_KERNELS", "torch")
+    assert torch.equal(dispatch.paged_attention(*batch.args()), reference.paged_attention(*batch.args()))
