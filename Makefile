@@ -38,7 +38,7 @@ bench-step: install
 	$(BIN)/python benchmarks/step_cost.py
 
 bench-kernels: install
-	$(BIN)/python benchmarks/kernels.py
+	$(BIN)/python benchmarks/verify_kernels.py
 
 # Debian's Prometheus + promtool, for the tests in tests/deploy (they skip without it).
 prometheus:

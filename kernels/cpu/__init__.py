@@ -18,7 +18,10 @@ log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("paged_attention.cpp")]
 # -march=native: the extension is compiled where it runs (cached per machine under
 # torch's extension directory), so it may use every vector unit that machine has.
-CFLAGS = ["-O3", "-march=native", "-std=c++17"]
+CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
+# at::parallel_for is OpenMP in torch's CPU builds, inlined from its headers: without -fopenmp it runs
+# on one thread. Linked as libgomp.so.1, the runtime torch has already loaded is the one used.
+LDFLAGS = ["-fopenmp"]
 
 
 @functools.cache
@@ -26,7 +29,7 @@ def compiled() -> bool:
     """Build (or load the cached build of) the extension; False where it cannot be built."""
     from torch.utils import cpp_extension
     try:
-        cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+        cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
                            is_python_module=False, verbose=False)
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         log.warning("CPU kernels unavailable, using the PyTorch references: %s", error)

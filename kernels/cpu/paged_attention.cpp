@@ -2,7 +2,7 @@
 // through the block table, with no copy of the cache.
 //
 // Batch invariant by construction: each query's result is computed by the same
-// instructions in the same order (keys in fixed chunks of kChunk positions, an
+// instructions in the same order (keys in fixed chunks of 64 positions, an
 // online softmax over the chunks, fp32 throughout) whatever else is in the batch,
 // however many queries its sequence brings and however the work is split across
 // threads. Masked keys contribute exact zeros, so a token decoded alone and the
@@ -26,32 +26,108 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kChunk = 16;      // key positions scored together: one AVX-512 register of fp32
-constexpr int64_t kQueryTile = 8;   // queries of one sequence sharing every key they load
+// Explicit 16-lane vectors (GCC/Clang vector extensions): one AVX-512 register, two AVX2
+// ones, or whatever the target has. Key positions come in chunks of 16, head dims in
+// groups of 16 (padded with zeros in the scratch buffers).
+constexpr int64_t kLanes = 16;
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef _Float16 f16x16 __attribute__((vector_size(32)));
+
+constexpr int64_t kQueryTile = 8;  // queries of one sequence sharing every key they load
+constexpr int64_t kRowGroup = 4;   // query vectors scored together
+constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: one online-softmax update each
+constexpr int64_t kChunk = kSubChunks * kLanes;
+typedef f32x16 Scores[kSubChunks];
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp(x) for x <= 0 from arithmetic alone, so loops over it vectorise (Cephes' expf:
-// ~1 ulp). exp(0) is exactly 1 and exp(-inf) exactly 0.
-inline float exp_nonpositive(float x) {
-  const bool masked = x == kNegInf;
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
+template <typename T, typename F>
+inline T bitcast(const F& from) {
+  T to;
+  std::memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+// 16 contiguous values as fp32.
+inline f32x16 load16(const float* p) { return bitcast<f32x16>(*reinterpret_cast<const float(*)[16]>(p)); }
+inline f32x16 load16(const c10::BFloat16* p) {
+  return bitcast<f32x16>(__builtin_convertvector(bitcast<u16x16>(*reinterpret_cast<const uint16_t(*)[16]>(p)),
+                                                 u32x16) << 16);
+}
+inline f32x16 load16(const c10::Half* p) {
+  return __builtin_convertvector(bitcast<f16x16>(*reinterpret_cast<const uint16_t(*)[16]>(p)), f32x16);
+}
+
+// Row of `n` values as ceil(n / 16) vectors, the tail padded with zeros.
+template <typename scalar_t>
+inline void load_row(const scalar_t* src, int64_t n, f32x16* dst) {
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) dst[d / kLanes] = load16(src + d);
+  if (d < n) {
+    float tail[kLanes] = {};
+    for (int64_t i = 0; d + i < n; ++i) tail[i] = static_cast<float>(src[d + i]);
+    dst[d / kLanes] = bitcast<f32x16>(tail);
+  }
+}
+
+// Sum of the 16 lanes, always in the same order.
+inline float lane_sum(f32x16 v) {
+  float lanes[kLanes];
+  std::memcpy(lanes, &v, sizeof(lanes));
+  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
+    for (int64_t i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  }
+  return lanes[0];
+}
+
+// One butterfly stage of a 16 x 16 transpose: lanes at distance B swap between rows i and i + B.
+template <int B, size_t... L>
+inline void butterfly(f32x16& a, f32x16& b, std::index_sequence<L...>) {
+  const f32x16 low = __builtin_shufflevector(a, b, ((L & B) == 0 ? L : 16 + L - B)...);
+  const f32x16 high = __builtin_shufflevector(a, b, ((L & B) == 0 ? L + B : 16 + L)...);
+  a = low;
+  b = high;
+}
+
+template <int B>
+inline void butterfly_stage(f32x16* rows) {
+  for (int i = 0; i < 16; ++i) {
+    if ((i & B) == 0) butterfly<B>(rows[i], rows[i + B], std::make_index_sequence<16>{});
+  }
+}
+
+// rows[i][l] -> rows[l][i], in registers.
+inline void transpose16(f32x16* rows) {
+  butterfly_stage<8>(rows);
+  butterfly_stage<4>(rows);
+  butterfly_stage<2>(rows);
+  butterfly_stage<1>(rows);
+}
+
+// exp(x) for x <= 0, lane-wise (Cephes' expf, ~1 ulp). exp(0) is exactly 1, exp(-inf) exactly 0.
+inline f32x16 exp_nonpositive(f32x16 x) {
+  const i32x16 masked = x == kNegInf;
+  x = x < -87.0f ? f32x16{} - 87.0f : x;
+  const f32x16 y = x * 1.44269504088896341f + 0.5f;
+  i32x16 n = __builtin_convertvector(y, i32x16);  // truncates; floor for the negative y below
+  n += __builtin_convertvector(n, f32x16) > y;    // a true comparison is -1
+  const f32x16 nf = __builtin_convertvector(n, f32x16);
+  const f32x16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
+  f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return masked ? 0.0f : p * two_n;
+  const f32x16 result = p * bitcast<f32x16>((n + 127) << 23);
+  return bitcast<f32x16>(bitcast<i32x16>(result) & ~masked);
 }
 
 struct Problem {
@@ -70,137 +146,173 @@ struct Tile {
   int64_t seq, kv_head, first, last, cost;
 };
 
+// Online softmax attention of one tile's query vectors (each query times each of the
+// KV head's query heads: `rows_`) over the keys they see, a chunk of 16 positions at a time.
 class TileAttention {
  public:
   TileAttention(const Problem& p, const Tile& t)
       : p_(p), t_(t),
         group_(p.num_heads / p.num_kv_heads),
-        rows_((t.last - t.first) * group_),
+        queries_(t.last - t.first),
+        rows_(queries_ * group_),
+        vecs_((p.head_dim + kLanes - 1) / kLanes),
         start_(p.context_start[t.seq]),
         num_new_(p.query_start[t.seq + 1] - p.query_start[t.seq]),
+        first_new_(t.first - p.query_start[t.seq]),
         tree_(p.tree_offsets[t.seq]),
         table_(p.block_tables + t.seq * p.table_width),
-        q_(rows_ * p.head_dim), acc_(rows_ * p.head_dim, 0.0f), max_(rows_, kNegInf), sum_(rows_, 0.0f),
-        keys_t_(p.head_dim * kChunk), values_(kChunk * p.head_dim), visible_((t.last - t.first) * kChunk) {}
+        padded_rows_((rows_ + kRowGroup - 1) / kRowGroup * kRowGroup),
+        q_(padded_rows_ * vecs_ * kLanes, 0.0f), acc_(rows_ * vecs_, f32x16{}), keys_t_(kChunk * vecs_),
+        values_(kChunk * vecs_), row_buffer_(kChunk * vecs_), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
+        sum_(rows_, 0.0f) {}
 
   template <typename scalar_t>
   void run(const scalar_t* query, const scalar_t* key_cache, const scalar_t* value_cache, scalar_t* out) {
     load_queries(query);
-    const int64_t limit = tree_ < 0 ? start_ + (t_.last - t_.first) + (t_.first - p_.query_start[t_.seq])
-                                    : start_ + num_new_;  // past every position a query of the tile sees
+    // Past every position a query of the tile sees.
+    const int64_t limit = tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_;
     for (int64_t chunk = 0; chunk < limit; chunk += kChunk) {
       load_chunk(key_cache, value_cache, chunk, limit);
       mark_visible(chunk, limit);
-      for (int64_t r = 0; r < rows_; ++r) attend_chunk(r);
+      for (int64_t r = 0; r < rows_; r += kRowGroup) attend_chunk(r);
     }
     store(out);
   }
 
  private:
-  int64_t query_row(int64_t local) const { return p_.query_start[t_.seq] + local; }  // local: index among new tokens
-  int64_t first_local() const { return t_.first - p_.query_start[t_.seq]; }
-
   template <typename scalar_t>
   void load_queries(const scalar_t* query) {
-    const int64_t dh = p_.head_dim;
-    for (int64_t i = 0; i < t_.last - t_.first; ++i) {
+    const int64_t width = vecs_ * kLanes;
+    for (int64_t i = 0; i < queries_; ++i) {
       for (int64_t g = 0; g < group_; ++g) {
-        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (t_.kv_head * group_ + g) * dh;
-        float* dst = q_.data() + (i * group_ + g) * dh;
-        for (int64_t d = 0; d < dh; ++d) dst[d] = static_cast<float>(src[d]) * p_.scale;
+        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (t_.kv_head * group_ + g) * p_.head_dim;
+        float* q = &q_[(i * group_ + g) * width];
+        for (int64_t d = 0; d < p_.head_dim; ++d) q[d] = static_cast<float>(src[d]) * p_.scale;
       }
     }
   }
 
+  // The chunk's keys transposed (keys_t_[c * width + d]: dim d of the keys of sub-chunk c,
+  // 16 positions each) and its values as rows.
   template <typename scalar_t>
   void load_chunk(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk, int64_t limit) {
-    const int64_t dh = p_.head_dim;
+    int64_t block = chunk / p_.block_size, offset = chunk % p_.block_size;  // walked, not divided, per key
     for (int64_t j = 0; j < kChunk; ++j) {
-      const int64_t pos = chunk + j;
-      float* v = values_.data() + j * dh;
-      if (pos >= limit) {
-        for (int64_t d = 0; d < dh; ++d) keys_t_[d * kChunk + j] = 0.0f;
-        std::fill(v, v + dh, 0.0f);
+      if (chunk + j >= limit) {  // never seen; zeros keep the arithmetic finite
+        std::fill_n(&row_buffer_[j * vecs_], vecs_, f32x16{});
+        std::fill_n(&values_[j * vecs_], vecs_, f32x16{});
         continue;
       }
-      const int64_t slot = table_[pos / p_.block_size] * p_.block_size + pos % p_.block_size;
-      const int64_t base = (slot * p_.num_kv_heads + t_.kv_head) * dh;
-      for (int64_t d = 0; d < dh; ++d) keys_t_[d * kChunk + j] = static_cast<float>(key_cache[base + d]);
-      for (int64_t d = 0; d < dh; ++d) v[d] = static_cast<float>(value_cache[base + d]);
+      const int64_t slot = table_[block] * p_.block_size + offset;
+      const int64_t row = (slot * p_.num_kv_heads + t_.kv_head) * p_.head_dim;
+      load_row(key_cache + row, p_.head_dim, &row_buffer_[j * vecs_]);
+      load_row(value_cache + row, p_.head_dim, &values_[j * vecs_]);
+      if (++offset == p_.block_size) {
+        offset = 0;
+        ++block;
+      }
+    }
+    f32x16 square[kLanes];
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      for (int64_t v = 0; v < vecs_; ++v) {
+        for (int64_t j = 0; j < kLanes; ++j) square[j] = row_buffer_[(c * kLanes + j) * vecs_ + v];
+        transpose16(square);
+        std::copy_n(square, kLanes, &keys_t_[(c * vecs_ + v) * kLanes]);
+      }
     }
   }
 
   void mark_visible(int64_t chunk, int64_t limit) {
-    for (int64_t i = 0; i < t_.last - t_.first; ++i) {
-      const int64_t local = first_local() + i;
+    for (int64_t i = 0; i < queries_; ++i) {
+      const int64_t local = first_new_ + i;  // the query's index among its sequence's new tokens
+      int32_t sees[kChunk];
       for (int64_t j = 0; j < kChunk; ++j) {
         const int64_t pos = chunk + j;
-        bool sees;
         if (pos >= limit) {
-          sees = false;
+          sees[j] = 0;
         } else if (tree_ < 0) {
-          sees = pos <= start_ + local;
+          sees[j] = pos <= start_ + local ? -1 : 0;
         } else {
-          sees = pos < start_ || p_.tree_mask[tree_ + local * num_new_ + (pos - start_)];
+          sees[j] = pos < start_ || p_.tree_mask[tree_ + local * num_new_ + (pos - start_)] ? -1 : 0;
         }
-        visible_[i * kChunk + j] = sees;
       }
+      std::memcpy(&visible_[i * kSubChunks], sees, sizeof(sees));
     }
   }
 
-  // Online softmax over one more chunk of keys for query vector r.
-  void attend_chunk(int64_t r) {
-    const int64_t dh = p_.head_dim;
-    const float* q = q_.data() + r * dh;
-    const uint8_t* visible = visible_.data() + (r / group_) * kChunk;
-    float score[kChunk] = {};
-    for (int64_t d = 0; d < dh; ++d) {
-      const float qd = q[d];
-      const float* k = keys_t_.data() + d * kChunk;
-      for (int64_t j = 0; j < kChunk; ++j) score[j] += qd * k[j];
+  // Scores of kRowGroup query vectors at once (independent FMA chains; padding rows are
+  // zeros and dropped), each score summed over d in order; then each real row's update.
+  void attend_chunk(int64_t first_row) {
+    const int64_t width = vecs_ * kLanes;
+    const float* q = &q_[first_row * width];
+    Scores scores[kRowGroup] = {};
+    for (int64_t d = 0; d < width; ++d) {
+      for (int64_t c = 0; c < kSubChunks; ++c) {
+        const f32x16 keys = keys_t_[c * width + d];
+        for (int64_t i = 0; i < kRowGroup; ++i) scores[i][c] += q[i * width + d] * keys;
+      }
+    }
+    for (int64_t i = 0; i < kRowGroup && first_row + i < rows_; ++i) update(first_row + i, scores[i]);
+  }
+
+  // Online softmax: fold one chunk's scores into row r's running max, sum and weighted values.
+  void update(int64_t r, Scores& scores) {
+    const i32x16* visible = &visible_[(r / group_) * kSubChunks];
+    f32x16 most = f32x16{} + kNegInf;
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      scores[c] = visible[c] ? scores[c] : f32x16{} + kNegInf;
+      most = most > scores[c] ? most : scores[c];
     }
     float chunk_max = kNegInf;
-    for (int64_t j = 0; j < kChunk; ++j) {
-      score[j] = visible[j] ? score[j] : kNegInf;
-      chunk_max = std::max(chunk_max, score[j]);
-    }
-    if (chunk_max == kNegInf) return;  // nothing visible here: this query's state stays exactly as it was
+    for (int64_t j = 0; j < kLanes; ++j) chunk_max = std::max(chunk_max, most[j]);
+    if (chunk_max == kNegInf) return;  // nothing visible here: the state stays exactly as it was
     const float new_max = std::max(max_[r], chunk_max);
-    const float rescale = exp_nonpositive(max_[r] - new_max);  // 0 for the first visible chunk
-    float weight[kChunk];
-    for (int64_t j = 0; j < kChunk; ++j) weight[j] = exp_nonpositive(score[j] - new_max);
-    float total = 0.0f;
-    for (int64_t j = 0; j < kChunk; ++j) total += weight[j];
+    const float rescale = max_[r] == kNegInf ? 0.0f : exp_nonpositive(f32x16{} + (max_[r] - new_max))[0];
+    f32x16 total{};
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      scores[c] = exp_nonpositive(scores[c] - new_max);  // now the keys' weights
+      total += scores[c];
+    }
     max_[r] = new_max;
-    sum_[r] = sum_[r] * rescale + total;
-    float* acc = acc_.data() + r * dh;
-    for (int64_t d = 0; d < dh; ++d) acc[d] *= rescale;
-    for (int64_t j = 0; j < kChunk; ++j) {
-      const float w = weight[j];
-      const float* v = values_.data() + j * dh;
-      for (int64_t d = 0; d < dh; ++d) acc[d] += w * v[d];
+    sum_[r] = sum_[r] * rescale + lane_sum(total);
+    f32x16* acc = &acc_[r * vecs_];
+    for (int64_t v = 0; v < vecs_; ++v) acc[v] *= rescale;
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float weight = scores[c][j];
+        const f32x16* value = &values_[(c * kLanes + j) * vecs_];
+        for (int64_t v = 0; v < vecs_; ++v) acc[v] += weight * value[v];
+      }
     }
   }
 
   template <typename scalar_t>
   void store(scalar_t* out) const {
-    const int64_t dh = p_.head_dim;
-    for (int64_t i = 0; i < t_.last - t_.first; ++i) {
+    for (int64_t i = 0; i < queries_; ++i) {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t r = i * group_ + g;
-        const float inv = 1.0f / sum_[r];
-        scalar_t* dst = out + ((t_.first + i) * p_.num_heads + t_.kv_head * group_ + g) * dh;
-        for (int64_t d = 0; d < dh; ++d) dst[d] = static_cast<scalar_t>(acc_[r * dh + d] * inv);
+        float row[kLanes];
+        scalar_t* dst = out + ((t_.first + i) * p_.num_heads + t_.kv_head * group_ + g) * p_.head_dim;
+        for (int64_t v = 0; v < vecs_; ++v) {
+          std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
+          for (int64_t l = 0; l < kLanes && v * kLanes + l < p_.head_dim; ++l) {
+            dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
+          }
+        }
       }
     }
   }
 
   const Problem& p_;
   const Tile& t_;
-  const int64_t group_, rows_, start_, num_new_, tree_;
+  const int64_t group_, queries_, rows_, vecs_, start_, num_new_, first_new_, tree_;
   const int64_t* table_;
-  std::vector<float> q_, acc_, max_, sum_, keys_t_, values_;
-  std::vector<uint8_t> visible_;
+  const int64_t padded_rows_;
+  std::vector<float> q_;                          // [padded rows][vecs * 16], scaled
+  std::vector<f32x16> acc_, keys_t_, values_;     // [rows][vecs], [4][vecs * 16] (see load_chunk), [64][vecs]
+  std::vector<f32x16> row_buffer_;                // [64][vecs]: the chunk's keys before the transpose
+  std::vector<i32x16> visible_;                   // [queries][4]: which of the chunk's positions each query sees
+  std::vector<float> max_, sum_;                  // [rows]: the online softmax's running max and sum
 };
 
 std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs) {
@@ -213,9 +325,26 @@ std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs) {
       for (int64_t h = 0; h < p.num_kv_heads; ++h) tiles.push_back({b, h, q, end, keys * (end - q)});
     }
   }
-  // Largest first, handed out one at a time: the threads finish together.
+  // Largest first: the last tiles handed out are the small ones.
   std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
   return tiles;
+}
+
+// Tiles handed out one at a time to every thread, so that the threads finish together.
+template <typename scalar_t>
+void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at::Tensor& query,
+               const at::Tensor& key_cache, const at::Tensor& value_cache, at::Tensor& out) {
+  const scalar_t* q = query.data_ptr<scalar_t>();
+  const scalar_t* k = key_cache.data_ptr<scalar_t>();
+  const scalar_t* v = value_cache.data_ptr<scalar_t>();
+  scalar_t* o = out.data_ptr<scalar_t>();
+  std::atomic<size_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
+  at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (size_t i = next++; i < tiles.size(); i = next++) TileAttention(problem, tiles[i]).run(q, k, v, o);
+    }
+  });
 }
 
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -246,21 +375,12 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                         tree_offsets.data_ptr<int64_t>(), mask.defined() ? mask.data_ptr<bool>() : nullptr};
   const std::vector<Tile> tiles = tiles_by_cost(problem, num_seqs);
   at::Tensor out = at::empty(query.sizes(), query.options());
-  std::atomic<size_t> next{0};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
-    const scalar_t* q = query.data_ptr<scalar_t>();
-    const scalar_t* k = key_cache.data_ptr<scalar_t>();
-    const scalar_t* v = value_cache.data_ptr<scalar_t>();
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
-    at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t worker = begin; worker < end; ++worker) {
-        for (size_t i = next++; i < tiles.size(); i = next++) {
-          TileAttention(problem, tiles[i]).run(q, k, v, o);
-        }
-      }
-    });
-  });
+  switch (query.scalar_type()) {
+    case at::kFloat: run_tiles<float>(problem, tiles, query, key_cache, value_cache, out); break;
+    case at::kBFloat16: run_tiles<c10::BFloat16>(problem, tiles, query, key_cache, value_cache, out); break;
+    case at::kHalf: run_tiles<c10::Half>(problem, tiles, query, key_cache, value_cache, out); break;
+    default: TORCH_CHECK(false, "paged_attention takes float32, bfloat16 or float16, not ", query.scalar_type());
+  }
   return out;
 }
 

@@ -248,3 +248,17 @@ def test_greedy_generation_matches_transformers_on_the_default_model():
         new = generated[-1:]
     assert len(expected) > 5
     assert generated == expected
+
+
+def test_in_bf16_a_token_gets_the_same_logits_alone_or_verified_among_drafts_beside_others(tiny_model_dir):
+    """Batch invariance: what makes greedy speculation in bf16 token-for-token the output without it."""
+    prompt, other, drafts = tokens(37, 20), tokens(90, 21), tokens(6, 22)
+    bf16 = EngineConfig(dtype=torch.bfloat16)
+    alone = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=4, engine=bf16)
+    alone.forward([SequenceInput("s", prompt, 0, 1)])
+    decoded = [alone.forward([SequenceInput("s", [t], 37 + i, 1)])[0] for i, t in enumerate(drafts)]
+    crowded = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=4, engine=bf16)
+    fragment(crowded.allocator)
+    crowded.forward([SequenceInput("s", prompt, 0, 1), SequenceInput("o", other, 0, 1)])  # prefilled beside another
+    verified = crowded.forward([SequenceInput("o", tokens(3, 23), 90, 3), SequenceInput("s", drafts, 37, 6)])[3:]
+    assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))

@@ -4,7 +4,7 @@ Every sequence drafts k tokens (a chain, or a random tree of k nodes); each
 implementation's outputs are checked against the reference's before it is
 timed. Prints a markdown table (fastest of ≥ 5 calls) for batch sizes x k.
 
-    .venv/bin/python benchmarks/kernels.py [--batches 1,4,16,64,256] [--ks 1,4,16] [--vocab 32000]
+    .venv/bin/python benchmarks/verify_kernels.py [--batches 1,4,16,64,256] [--ks 1,4,16] [--vocab 32000]
 """
 from __future__ import annotations
 
