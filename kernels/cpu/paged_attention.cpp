@@ -45,6 +45,7 @@ constexpr int64_t kQueryTile = 8;  // queries of one sequence sharing every key 
 constexpr int64_t kRowGroup = 4;   // query vectors scored together
 constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: one online-softmax update each
 constexpr int64_t kChunk = kSubChunks * kLanes;
+constexpr int64_t kMaxVecs = 16;   // head_dim up to 256
 typedef f32x16 Scores[kSubChunks];
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -222,21 +223,25 @@ class TileAttention {
     }
   }
 
+  // Which of the chunk's positions each query sees. Positions before the new tokens are seen by
+  // all; a chain query sees up to its own position: both are comparisons, done lane-wise.
   void mark_visible(int64_t chunk, int64_t limit) {
+    i32x16 lane;
+    for (int32_t j = 0; j < kLanes; ++j) lane[j] = j;
     for (int64_t i = 0; i < queries_; ++i) {
       const int64_t local = first_new_ + i;  // the query's index among its sequence's new tokens
-      int32_t sees[kChunk];
-      for (int64_t j = 0; j < kChunk; ++j) {
-        const int64_t pos = chunk + j;
-        if (pos >= limit) {
-          sees[j] = 0;
-        } else if (tree_ < 0) {
-          sees[j] = pos <= start_ + local ? -1 : 0;
-        } else {
-          sees[j] = pos < start_ || p_.tree_mask[tree_ + local * num_new_ + (pos - start_)] ? -1 : 0;
+      const int64_t last_seen = std::min(limit - 1, tree_ < 0 ? start_ + local : start_ - 1);
+      for (int64_t c = 0; c < kSubChunks; ++c) {
+        const int64_t first = chunk + c * kLanes;
+        i32x16 sees = lane <= static_cast<int32_t>(std::clamp<int64_t>(last_seen - first, -1, kLanes));
+        if (tree_ >= 0) {  // a tree query also sees its ancestors among the new tokens
+          for (int64_t j = 0; j < kLanes; ++j) {
+            const int64_t pos = first + j;
+            if (pos >= start_ && pos < limit && p_.tree_mask[tree_ + local * num_new_ + (pos - start_)]) sees[j] = -1;
+          }
         }
+        visible_[i * kSubChunks + c] = sees;
       }
-      std::memcpy(&visible_[i * kSubChunks], sees, sizeof(sees));
     }
   }
 
@@ -275,15 +280,19 @@ class TileAttention {
     }
     max_[r] = new_max;
     sum_[r] = sum_[r] * rescale + lane_sum(total);
-    f32x16* acc = &acc_[r * vecs_];
-    for (int64_t v = 0; v < vecs_; ++v) acc[v] *= rescale;
-    for (int64_t c = 0; c < kSubChunks; ++c) {
-      for (int64_t j = 0; j < kLanes; ++j) {
-        const float weight = scores[c][j];
-        const f32x16* value = &values_[(c * kLanes + j) * vecs_];
-        for (int64_t v = 0; v < vecs_; ++v) acc[v] += weight * value[v];
+    // Two interleaved partial sums over the keys: twice the independent FMA chains.
+    f32x16 even[kMaxVecs] = {}, odd[kMaxVecs] = {};
+    for (int64_t key = 0; key < kChunk; key += 2) {
+      const float w_even = scores[key / kLanes][key % kLanes], w_odd = scores[key / kLanes][key % kLanes + 1];
+      const f32x16* v_even = &values_[key * vecs_];
+      const f32x16* v_odd = v_even + vecs_;
+      for (int64_t v = 0; v < vecs_; ++v) {
+        even[v] += w_even * v_even[v];
+        odd[v] += w_odd * v_odd[v];
       }
     }
+    f32x16* acc = &acc_[r * vecs_];
+    for (int64_t v = 0; v < vecs_; ++v) acc[v] = acc[v] * rescale + (even[v] + odd[v]);
   }
 
   template <typename scalar_t>
@@ -358,6 +367,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
               "query and caches must share a dtype");
   TORCH_CHECK(query.size(1) % key_cache.size(1) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(query.size(2) == key_cache.size(2), "query and cache head_dim differ");
+  TORCH_CHECK(query.size(2) <= kMaxVecs * kLanes, "head_dim above ", kMaxVecs * kLanes);
   for (const at::Tensor* t : {&block_tables, &query_start, &context_start, &tree_offsets}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "index tensors must be contiguous int64");
   }
