@@ -8,6 +8,7 @@ import os
 import random
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -15,7 +16,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
                 allow_module_level=True)
 
 from kernels import reference, triton_impl  # noqa: E402
-from kernels.testing import random_batch, random_kv_moves  # noqa: E402
+from kernels.testing import random_attention_batch, random_batch, random_kv_moves  # noqa: E402
 
 # Kept small: the interpreter runs every program of a launch one after another in Python.
 _lengths = random.Random(0)
@@ -84,3 +85,15 @@ def test_compact_kv(draft_lens):
     reference.compact_kv(expected, src, dst)
     triton_impl.compact_kv(pools, src, dst)
     assert all(bool((got == want).all()) for got, want in zip(pools, expected))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("trees", [frozenset(), frozenset({1, 2})], ids=["chains", "trees"])
+def test_paged_attention(trees, dtype):
+    batch = random_attention_batch([1, 5, 3, 2], [70, 0, 9, 130], trees=trees, heads=4, kv_heads=2, head_dim=16,
+                                   dtype=dtype)
+    expected = reference.paged_attention(*batch.args())
+    actual = triton_impl.paged_attention(*batch.args())
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual.float(), expected.float(), atol=1e-5 if dtype == torch.float32 else 2e-2,
+                               rtol=0)
