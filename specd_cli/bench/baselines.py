@@ -32,11 +32,12 @@ class _StepTimer(BaseStreamer):
 
 
 class TransformersBaselines:
-    def __init__(self, model_dir: Path, threads: int, prompt_lookup_num_tokens: int = 10):
+    def __init__(self, model_dir: Path, threads: int, prompt_lookup_num_tokens: int = 10,
+                 dtype: torch.dtype = torch.float32):
         torch.set_num_threads(threads)  # the target's threads, so both sides get the same cores
         self.prompt_lookup_num_tokens = prompt_lookup_num_tokens
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()  # the target's dtype
 
     def run(self, baseline: str, prompt: Prompt, temperature: float, seed: int | None,
             max_tokens: int) -> RequestRecord:

@@ -54,6 +54,9 @@ def _add_common_flags(parser: argparse.ArgumentParser, max_tokens: int, warmup: 
     where.add_argument("--threads", type=int, default=None,
                        help="torch threads of the started target and of the baselines (default: torch's default); "
                             "with --gateway, pass the running target's")
+    where.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                       help="dtype of the started target and of the transformers baselines (default float32); "
+                            "with --gateway, pass the running target's")
     what = parser.add_argument_group("what to run")
     what.add_argument("--methods", type=_csv, default=None,
                       help="specd methods to compare, e.g. none,ngram; `none` is always added "
@@ -155,13 +158,16 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
     from specd_cli.bench.deployment import deployment, resolve_methods
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
-    with deployment(args.gateway, args.target, args.model, threads, run_dir / "logs") as stack:
+    with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs") as stack:
         settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout)
         baselines = None
         if args.baselines:
+            import torch
+
             from specd_cli.bench.baselines import TransformersBaselines
-            baselines = TransformersBaselines(resolve_model(args.model), threads, args.prompt_lookup_num_tokens)
+            baselines = TransformersBaselines(resolve_model(args.model), threads, args.prompt_lookup_num_tokens,
+                                              getattr(torch, args.dtype))
         async with SpecdClient(stack.gateway) as client:
             runner = SpecRunner(client, settings, baselines)
             await runner.warm_up()
@@ -183,7 +189,7 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
     text = report.spec_report(summaries, references, report.header_line("spec", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "spec", "created": created, "machine": machine, "git": git,
-        "settings": {**asdict(settings), "model": args.model, "threads": threads, "prompts_file": str(args.prompts),
+        "settings": {**asdict(settings), "model": args.model, "dtype": args.dtype, "threads": threads, "prompts_file": str(args.prompts),
                      "categories": args.categories, "limit_per_category": args.limit,
                      "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens,
                      "gateway": args.gateway or "started by the bench"},
@@ -242,7 +248,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     from specd_cli.bench.deployment import deployment, resolve_methods
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
-    with deployment(args.gateway, args.target, args.model, threads, run_dir / "logs") as stack:
+    with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs") as stack:
         settings = ServeSettings(resolve_methods(args.methods, stack.target), args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout)
@@ -271,7 +277,7 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
         "kind": "serve", "created": created, "machine": machine, "git": git,
         # JSON has no infinity: a closed loop is written as rate null
         "settings": {**asdict(settings), "request_rate": None if closed_loop else args.request_rate,
-                     "model": args.model, "threads": threads, "prompts_file": str(source),
+                     "model": args.model, "dtype": args.dtype, "threads": threads, "prompts_file": str(source),
                      "gateway": args.gateway or "started by the bench"},
         "definitions": stats.__doc__, "summaries": summaries, "records": [r.to_json() for r in records]})
     (run_dir / "report.md").write_text(text + "\n")

@@ -33,14 +33,15 @@ class _LoggedStack(Stack):
 
 
 @contextmanager
-def deployment(gateway: str | None, target: str | None, model: str, threads: int, log_dir: Path
+def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path
                ) -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafter and stop them on exit."""
     if gateway:
         yield Deployment(gateway, target)
         return
     log_dir.mkdir(parents=True, exist_ok=True)
-    stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, log_dir=log_dir)
+    stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, extra_target_args=["--dtype", dtype],
+                         log_dir=log_dir)
     try:
         try:
             stack.up()
