@@ -54,16 +54,25 @@ def prepare(device: torch.device) -> None:
         cpu.compiled()
 
 
+def attention_backend(device: torch.device) -> str:
+    """Which paged-attention implementation runs on `device`: "cpu" (C++), "triton" or "reference"."""
+    return _attention_module(device).__name__.rsplit(".", 1)[-1].removesuffix("_impl")
+
+
+def _attention_module(device: torch.device) -> ModuleType:
+    module = implementation(device)
+    if module is reference and device.type == "cpu" and os.environ.get("SPECD_KERNELS") != "torch" \
+            and cpu.compiled():
+        return cpu
+    return module
+
+
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start: torch.Tensor, context_start: torch.Tensor,
                     tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
                     scale: float) -> torch.Tensor:
     """See `kernels.reference.attention.paged_attention`."""
-    module = implementation(query.device)
-    if module is reference and query.device.type == "cpu" and os.environ.get("SPECD_KERNELS") != "torch" \
-            and cpu.compiled():
-        module = cpu
-    return module.paged_attention(query, key_cache, value_cache, block_tables, query_start, context_start,
+    return _attention_module(query.device).paged_attention(query, key_cache, value_cache, block_tables, query_start, context_start,
                                   tree_mask, tree_offsets, block_size, scale)
 
 

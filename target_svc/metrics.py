@@ -75,8 +75,9 @@ class TargetMetrics:
                                         "Bytes of KV cache one token takes (K and V, every layer, in the engine's dtype)",
                                         registry=r)
         self.kv_tokens_total = Gauge("specd_kv_cache_tokens_total", "Tokens the KV cache holds at most", registry=r)
-        self.engine_info = Gauge("specd_engine_info", "The device and dtype the model runs in (value 1)",
-                                 ["device", "dtype"], registry=r)
+        self.engine_info = Gauge("specd_engine_info",
+                                 "The device and dtype the model runs in, and its attention kernel (value 1)",
+                                 ["device", "dtype", "attention"], registry=r)
         self.drafter_rpc_latency = Histogram(
             "specd_drafter_rpc_seconds",
             "Seconds of one batched Propose RPC to a drafter service, failed ones included, by method",

@@ -6,6 +6,9 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import torch
+
+import kernels
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
@@ -74,9 +77,11 @@ class TargetService(Service):
 
     def _report_engine(self, engine: EngineConfig) -> None:
         cache = self.runner.cache
-        log.info("engine: %s %s; KV cache %d tokens x %d bytes = %.0f MiB", engine.device, engine.dtype_name,
-                 cache.num_tokens, cache.bytes_per_token, cache.num_tokens * cache.bytes_per_token / 2 ** 20)
-        self.metrics.engine_info.labels(engine.device, engine.dtype_name).set(1)
+        attention = kernels.attention_backend(torch.device(engine.device))
+        log.info("engine: %s %s, %s attention; KV cache %d tokens x %d bytes = %.0f MiB", engine.device,
+                 engine.dtype_name, attention, cache.num_tokens, cache.bytes_per_token,
+                 cache.num_tokens * cache.bytes_per_token / 2 ** 20)
+        self.metrics.engine_info.labels(engine.device, engine.dtype_name, attention).set(1)
         self.metrics.kv_bytes_per_token.set(cache.bytes_per_token)
         self.metrics.kv_tokens_total.set(cache.num_tokens)
 

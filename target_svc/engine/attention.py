@@ -46,7 +46,7 @@ class PagedAttention:
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]
         self.prefill_rows = [slice(firsts[i], firsts[i + 1]) for i, p in enumerate(is_prefill) if p]
         paged = [i for i, p in enumerate(is_prefill) if not p]
-        self.paged_rows = _rows([slice(firsts[i], firsts[i + 1]) for i in paged], self.num_tokens, device)
+        self.paged_rows = _rows([slice(firsts[i], firsts[i + 1]) for i in paged], device)
         paged_spans = [spans[i] for i in paged]
         if paged_spans:
             width = max(len(s.blocks) for s in paged_spans)
@@ -109,7 +109,7 @@ def is_chain(span: SeqSpan) -> bool:
     return span.parents is None or span.parents == list(range(-1, span.num_new - 1))
 
 
-def _rows(ranges: list[slice], total: int, device) -> slice | torch.Tensor | None:
+def _rows(ranges: list[slice], device) -> slice | torch.Tensor | None:
     """The batch rows of `ranges` as one slice where they are consecutive (no copy), else an index."""
     if not ranges:
         return None

@@ -81,3 +81,11 @@ def test_dispatch_runs_cpu_tensors_on_the_compiled_kernel_unless_told_otherwise(
     assert torch.equal(dispatch.paged_attention(*batch.args()), cpu.paged_attention(*batch.args()))
     monkeypatch.setenv("SPECD_KERNELS", "torch")
     assert torch.equal(dispatch.paged_attention(*batch.args()), reference.paged_attention(*batch.args()))
+
+
+@compiled
+def test_the_backend_in_use_is_named(monkeypatch):
+    monkeypatch.delenv("SPECD_KERNELS", raising=False)
+    assert dispatch.attention_backend(torch.device("cpu")) == "cpu"
+    monkeypatch.setenv("SPECD_KERNELS", "torch")
+    assert dispatch.attention_backend(torch.device("cpu")) == "reference"
