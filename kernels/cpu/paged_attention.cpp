@@ -18,6 +18,9 @@
 //   cached prefix and the new tokens j with tree_mask[offset + i*n + j]).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <torch/library.h>
 
 #include <algorithm>
@@ -59,23 +62,31 @@ inline T bitcast(const F& from) {
 // 16 contiguous values as fp32.
 inline f32x16 load16(const float* p) { return bitcast<f32x16>(*reinterpret_cast<const float(*)[16]>(p)); }
 inline f32x16 load16(const c10::BFloat16* p) {
+#ifdef __AVX512F__  // one widening load; the portable form below compiles to four instructions
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return bitcast<f32x16>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+#else
   return bitcast<f32x16>(__builtin_convertvector(bitcast<u16x16>(*reinterpret_cast<const uint16_t(*)[16]>(p)),
                                                  u32x16) << 16);
+#endif
 }
 inline f32x16 load16(const c10::Half* p) {
   return __builtin_convertvector(bitcast<f16x16>(*reinterpret_cast<const uint16_t(*)[16]>(p)), f32x16);
 }
 
+// Values d .. d+15 of a row of `n` as fp32, zeros past its end.
+template <typename scalar_t>
+inline f32x16 load_part(const scalar_t* row, int64_t d, int64_t n) {
+  if (d + kLanes <= n) return load16(row + d);
+  float tail[kLanes] = {};
+  for (int64_t i = 0; d + i < n; ++i) tail[i] = static_cast<float>(row[d + i]);
+  return bitcast<f32x16>(tail);
+}
+
 // Row of `n` values as ceil(n / 16) vectors, the tail padded with zeros.
 template <typename scalar_t>
 inline void load_row(const scalar_t* src, int64_t n, f32x16* dst) {
-  int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) dst[d / kLanes] = load16(src + d);
-  if (d < n) {
-    float tail[kLanes] = {};
-    for (int64_t i = 0; d + i < n; ++i) tail[i] = static_cast<float>(src[d + i]);
-    dst[d / kLanes] = bitcast<f32x16>(tail);
-  }
+  for (int64_t d = 0; d < n; d += kLanes) dst[d / kLanes] = load_part(src, d, n);
 }
 
 // Sum of the 16 lanes, always in the same order.
@@ -142,17 +153,18 @@ struct Problem {
   const bool* tree_mask;  // nullptr when every sequence is a chain
 };
 
-// One unit of work: queries [first, last) of sequence `seq`, for the query heads of one KV head.
+// One unit of work: queries [first, last) of sequence `seq`, for the query heads of KV heads
+// [kv_head, kv_head_end).
 struct Tile {
-  int64_t seq, kv_head, first, last, cost;
+  int64_t seq, kv_head, kv_head_end, first, last, cost;
 };
 
-// Online softmax attention of one tile's query vectors (each query times each of the
-// KV head's query heads: `rows_`) over the keys they see, a chunk of 16 positions at a time.
+// Online softmax attention of one tile's query vectors for one KV head (each query times each
+// of the KV head's query heads: `rows_`) over the keys they see, a chunk of 64 positions at a time.
 class TileAttention {
  public:
-  TileAttention(const Problem& p, const Tile& t)
-      : p_(p), t_(t),
+  TileAttention(const Problem& p, const Tile& t, int64_t kv_head)
+      : p_(p), t_(t), kv_head_(kv_head),
         group_(p.num_heads / p.num_kv_heads),
         queries_(t.last - t.first),
         rows_(queries_ * group_),
@@ -164,50 +176,58 @@ class TileAttention {
         table_(p.block_tables + t.seq * p.table_width),
         padded_rows_((rows_ + kRowGroup - 1) / kRowGroup * kRowGroup),
         q_(padded_rows_ * vecs_ * kLanes, 0.0f), acc_(rows_ * vecs_, f32x16{}), keys_t_(kChunk * vecs_),
-        values_(kChunk * vecs_), row_buffer_(kChunk * vecs_), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
+        values_(kChunk * vecs_), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
         sum_(rows_, 0.0f) {}
 
+  // Past every position a query of the tile sees.
+  int64_t limit() const { return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_; }
+
   template <typename scalar_t>
-  void run(const scalar_t* query, const scalar_t* key_cache, const scalar_t* value_cache, scalar_t* out) {
-    load_queries(query);
-    // Past every position a query of the tile sees.
-    const int64_t limit = tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_;
-    for (int64_t chunk = 0; chunk < limit; chunk += kChunk) {
-      load_chunk(key_cache, value_cache, chunk, limit);
-      mark_visible(chunk, limit);
-      for (int64_t r = 0; r < rows_; r += kRowGroup) attend_chunk(r);
-    }
-    store(out);
+  void attend(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk) {
+    load_chunk(key_cache, value_cache, chunk, limit());
+    mark_visible(chunk, limit());
+    for (int64_t r = 0; r < rows_; r += kRowGroup) attend_chunk(r);
   }
 
- private:
   template <typename scalar_t>
   void load_queries(const scalar_t* query) {
     const int64_t width = vecs_ * kLanes;
     for (int64_t i = 0; i < queries_; ++i) {
       for (int64_t g = 0; g < group_; ++g) {
-        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (t_.kv_head * group_ + g) * p_.head_dim;
+        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (kv_head_ * group_ + g) * p_.head_dim;
         float* q = &q_[(i * group_ + g) * width];
         for (int64_t d = 0; d < p_.head_dim; ++d) q[d] = static_cast<float>(src[d]) * p_.scale;
       }
     }
   }
 
+  template <typename scalar_t>
+  void store(scalar_t* out) const {
+    for (int64_t i = 0; i < queries_; ++i) {
+      for (int64_t g = 0; g < group_; ++g) {
+        const int64_t r = i * group_ + g;
+        float row[kLanes];
+        scalar_t* dst = out + ((t_.first + i) * p_.num_heads + kv_head_ * group_ + g) * p_.head_dim;
+        for (int64_t v = 0; v < vecs_; ++v) {
+          std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
+          for (int64_t l = 0; l < kLanes && v * kLanes + l < p_.head_dim; ++l) {
+            dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
+          }
+        }
+      }
+    }
+  }
+
+ private:
   // The chunk's keys transposed (keys_t_[c * width + d]: dim d of the keys of sub-chunk c,
   // 16 positions each) and its values as rows.
   template <typename scalar_t>
   void load_chunk(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk, int64_t limit) {
+    const int64_t count = std::min(kChunk, limit - chunk);
+    int64_t rows[kChunk];  // element offset of each position's K/V row
     int64_t block = chunk / p_.block_size, offset = chunk % p_.block_size;  // walked, not divided, per key
-    for (int64_t j = 0; j < kChunk; ++j) {
-      if (chunk + j >= limit) {  // never seen; zeros keep the arithmetic finite
-        std::fill_n(&row_buffer_[j * vecs_], vecs_, f32x16{});
-        std::fill_n(&values_[j * vecs_], vecs_, f32x16{});
-        continue;
-      }
-      const int64_t slot = table_[block] * p_.block_size + offset;
-      const int64_t row = (slot * p_.num_kv_heads + t_.kv_head) * p_.head_dim;
-      load_row(key_cache + row, p_.head_dim, &row_buffer_[j * vecs_]);
-      load_row(value_cache + row, p_.head_dim, &values_[j * vecs_]);
+    for (int64_t j = 0; j < count; ++j) {
+      rows[j] = ((table_[block] * p_.block_size + offset) * p_.num_kv_heads + kv_head_) * p_.head_dim;
       if (++offset == p_.block_size) {
         offset = 0;
         ++block;
@@ -216,9 +236,19 @@ class TileAttention {
     f32x16 square[kLanes];
     for (int64_t c = 0; c < kSubChunks; ++c) {
       for (int64_t v = 0; v < vecs_; ++v) {
-        for (int64_t j = 0; j < kLanes; ++j) square[j] = row_buffer_[(c * kLanes + j) * vecs_ + v];
+        for (int64_t j = 0; j < kLanes; ++j) {  // positions past the limit are never seen; zeros stay finite
+          const int64_t key = c * kLanes + j;
+          square[j] = key < count ? load_part(key_cache + rows[key], v * kLanes, p_.head_dim) : f32x16{};
+        }
         transpose16(square);
         std::copy_n(square, kLanes, &keys_t_[(c * vecs_ + v) * kLanes]);
+      }
+    }
+    for (int64_t j = 0; j < kChunk; ++j) {
+      if (j < count) {
+        load_row(value_cache + rows[j], p_.head_dim, &values_[j * vecs_]);
+      } else {
+        std::fill_n(&values_[j * vecs_], vecs_, f32x16{});
       }
     }
   }
@@ -295,48 +325,57 @@ class TileAttention {
     for (int64_t v = 0; v < vecs_; ++v) acc[v] = acc[v] * rescale + (even[v] + odd[v]);
   }
 
-  template <typename scalar_t>
-  void store(scalar_t* out) const {
-    for (int64_t i = 0; i < queries_; ++i) {
-      for (int64_t g = 0; g < group_; ++g) {
-        const int64_t r = i * group_ + g;
-        float row[kLanes];
-        scalar_t* dst = out + ((t_.first + i) * p_.num_heads + t_.kv_head * group_ + g) * p_.head_dim;
-        for (int64_t v = 0; v < vecs_; ++v) {
-          std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
-          for (int64_t l = 0; l < kLanes && v * kLanes + l < p_.head_dim; ++l) {
-            dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
-          }
-        }
-      }
-    }
-  }
-
   const Problem& p_;
   const Tile& t_;
+  const int64_t kv_head_;
   const int64_t group_, queries_, rows_, vecs_, start_, num_new_, first_new_, tree_;
   const int64_t* table_;
   const int64_t padded_rows_;
   std::vector<float> q_;                          // [padded rows][vecs * 16], scaled
   std::vector<f32x16> acc_, keys_t_, values_;     // [rows][vecs], [4][vecs * 16] (see load_chunk), [64][vecs]
-  std::vector<f32x16> row_buffer_;                // [64][vecs]: the chunk's keys before the transpose
   std::vector<i32x16> visible_;                   // [queries][4]: which of the chunk's positions each query sees
   std::vector<float> max_, sum_;                  // [rows]: the online softmax's running max and sum
 };
 
-std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs) {
+std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t workers) {
+  int64_t query_tiles = 0;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    query_tiles += (p.query_start[b + 1] - p.query_start[b] + kQueryTile - 1) / kQueryTile;
+  }
+  // Every KV head of a sequence in one tile reads each cached position's K/V rows whole, in order;
+  // one KV head per tile only where there would be too few tiles to keep the threads busy.
+  const int64_t heads_per_tile = query_tiles >= 4 * workers ? p.num_kv_heads : 1;
   std::vector<Tile> tiles;
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t first = p.query_start[b], last = p.query_start[b + 1];
     for (int64_t q = first; q < last; q += kQueryTile) {
       const int64_t end = std::min(q + kQueryTile, last);
       const int64_t keys = p.context_start[b] + (p.tree_offsets[b] < 0 ? end - first : last - first);
-      for (int64_t h = 0; h < p.num_kv_heads; ++h) tiles.push_back({b, h, q, end, keys * (end - q)});
+      for (int64_t h = 0; h < p.num_kv_heads; h += heads_per_tile) {
+        const int64_t heads_end = std::min(h + heads_per_tile, p.num_kv_heads);
+        tiles.push_back({b, h, heads_end, q, end, keys * (end - q) * (heads_end - h)});
+      }
     }
   }
   // Largest first: the last tiles handed out are the small ones.
   std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
   return tiles;
+}
+
+// A tile's KV heads advance chunk by chunk together, so each position's rows are read back to back.
+template <typename scalar_t>
+void run_tile(const Problem& problem, const Tile& tile, const scalar_t* q, const scalar_t* k, const scalar_t* v,
+              scalar_t* o) {
+  std::vector<TileAttention> heads;
+  heads.reserve(tile.kv_head_end - tile.kv_head);
+  for (int64_t h = tile.kv_head; h < tile.kv_head_end; ++h) {
+    heads.emplace_back(problem, tile, h);
+    heads.back().load_queries(q);
+  }
+  for (int64_t chunk = 0; chunk < heads.front().limit(); chunk += kChunk) {
+    for (TileAttention& head : heads) head.attend(k, v, chunk);
+  }
+  for (const TileAttention& head : heads) head.store(o);
 }
 
 // Tiles handed out one at a time to every thread, so that the threads finish together.
@@ -351,7 +390,7 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
   at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t begin, int64_t end) {
     for (int64_t worker = begin; worker < end; ++worker) {
-      for (size_t i = next++; i < tiles.size(); i = next++) TileAttention(problem, tiles[i]).run(q, k, v, o);
+      for (size_t i = next++; i < tiles.size(); i = next++) run_tile(problem, tiles[i], q, k, v, o);
     }
   });
 }
@@ -383,7 +422,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                         query.stride(0), static_cast<float>(scale), block_tables.data_ptr<int64_t>(),
                         query_start.data_ptr<int64_t>(), context_start.data_ptr<int64_t>(),
                         tree_offsets.data_ptr<int64_t>(), mask.defined() ? mask.data_ptr<bool>() : nullptr};
-  const std::vector<Tile> tiles = tiles_by_cost(problem, num_seqs);
+  const std::vector<Tile> tiles = tiles_by_cost(problem, num_seqs, at::get_num_threads());
   at::Tensor out = at::empty(query.sizes(), query.options());
   switch (query.scalar_type()) {
     case at::kFloat: run_tiles<float>(problem, tiles, query, key_cache, value_cache, out); break;

@@ -64,8 +64,9 @@ def test_cpu_kernel_reads_strided_query_rows():
 @compiled
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_query_gets_the_same_bits_whatever_else_is_in_the_batch(dtype):
-    """A token decoded alone, or verified third among five drafts beside other sequences, attends identically."""
-    verify = random_attention_batch([5, 1, 40], [98, 7, 300], dtype=dtype, seed=2)
+    """A token decoded alone, or verified third among five drafts beside other sequences, attends identically
+    (alone, the kernel splits the work by KV head; in the crowd, by sequence)."""
+    verify = random_attention_batch([5, 1, 40] + [1] * 8, [98, 7, 300] + [50] * 8, dtype=dtype, seed=2)
     alone = random_attention_batch([1], [100], dtype=dtype, seed=2)
     alone.key_cache, alone.value_cache = verify.key_cache, verify.value_cache
     alone.block_tables = verify.block_tables[:1]
