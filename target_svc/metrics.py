@@ -76,8 +76,9 @@ class TargetMetrics:
                                         registry=r)
         self.kv_tokens_total = Gauge("specd_kv_cache_tokens_total", "Tokens the KV cache holds at most", registry=r)
         self.engine_info = Gauge("specd_engine_info",
-                                 "The device and dtype the model runs in, and its attention kernel (value 1)",
-                                 ["device", "dtype", "attention"], registry=r)
+                                 "The device and dtype the model runs in, its attention kernel, and whether "
+                                 "its logits are batch invariant (value 1)",
+                                 ["device", "dtype", "attention", "batch_invariant"], registry=r)
         self.drafter_rpc_latency = Histogram(
             "specd_drafter_rpc_seconds",
             "Seconds of one batched Propose RPC to a drafter service, failed ones included, by method",

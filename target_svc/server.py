@@ -78,10 +78,11 @@ class TargetService(Service):
     def _report_engine(self, engine: EngineConfig) -> None:
         cache = self.runner.cache
         attention = kernels.attention_backend(torch.device(engine.device))
-        log.info("engine: %s %s, %s attention; KV cache %d tokens x %d bytes = %.0f MiB", engine.device,
-                 engine.dtype_name, attention, cache.num_tokens, cache.bytes_per_token,
-                 cache.num_tokens * cache.bytes_per_token / 2 ** 20)
-        self.metrics.engine_info.labels(engine.device, engine.dtype_name, attention).set(1)
+        invariant = self.runner.batch_invariant
+        log.info("engine: %s %s, %s attention, batch invariant: %s; KV cache %d tokens x %d bytes = %.0f MiB",
+                 engine.device, engine.dtype_name, attention, "yes" if invariant else "no", cache.num_tokens,
+                 cache.bytes_per_token, cache.num_tokens * cache.bytes_per_token / 2 ** 20)
+        self.metrics.engine_info.labels(engine.device, engine.dtype_name, attention, str(invariant).lower()).set(1)
         self.metrics.kv_bytes_per_token.set(cache.bytes_per_token)
         self.metrics.kv_tokens_total.set(cache.num_tokens)
 

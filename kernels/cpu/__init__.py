@@ -42,5 +42,7 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
                     scale: float) -> torch.Tensor:
     """See `kernels.reference.attention.paged_attention`; batch invariant (paged_attention.cpp)."""
+    if not compiled():
+        raise RuntimeError("the CPU kernels could not be built here; use kernels.dispatch, which falls back")
     return torch.ops.specd.paged_attention(query, key_cache, value_cache, block_tables, query_start,
                                            context_start, tree_mask, tree_offsets, block_size, scale)

@@ -111,7 +111,9 @@ class LlamaModel:
         self.embed = state["embed_tokens.weight"]  # [V, D]
         self.norm = state["norm.weight"]  # [D]
         layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
-        self.linear = LinearPlan.measure([layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down])
+        first = [layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down]
+        self.linear = LinearPlan.measure(first)
+        self.matmul_rows_independent = self.linear.rows_independent(first)
         self.layers = [layer.prepared(self.linear.prepare) for layer in layers]
         self.lm_head = self.linear.prepare(state.get("lm_head.weight", self.embed))  # [V, D]; tied when absent
         self.rope = Rope(config, self.head_dim, engine)

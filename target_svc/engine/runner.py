@@ -54,6 +54,13 @@ class ModelRunner:
         self.cache = KVCache(self.config.num_hidden_layers, self.model.num_kv_heads, self.model.head_dim,
                              num_blocks, block_size, engine)
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a token's logits are the same bits whatever else is in its step (so greedy
+        speculation is exactly the output without it): row-independent matmuls, checked at load,
+        and a paged-attention kernel that computes each query on its own (not the reference)."""
+        return self.model.matmul_rows_independent and kernels.attention_backend(self.device) != "reference"
+
     def forward(self, batch: list[SequenceInput]) -> torch.Tensor:
         """ONE forward pass over every sequence's new tokens (flattened, no padding).
 

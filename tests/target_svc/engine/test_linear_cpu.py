@@ -54,6 +54,14 @@ def test_bf16_weights_are_packed_once_and_a_rows_result_does_not_depend_on_the_b
                                atol=0.1, rtol=0.02)
 
 
+def test_row_independence_is_checked_not_assumed():
+    weights = [random_matrix(96, 576, seed=1), random_matrix(576, 96, seed=2)]
+    mixed = LinearPlan(("F.linear",) + ("transposed",) * (len(ROW_BUCKETS) - 1))  # one row: another GEMM
+    assert not mixed.rows_independent(weights)
+    bf16 = [w.bfloat16() for w in weights]
+    assert LinearPlan.measure(bf16).rows_independent(bf16)
+
+
 def test_importing_the_engine_runs_no_probe():
     # A fresh interpreter: this one has long since probed.
     check = ("import torch, target_svc.engine.runner, target_svc.engine.linear_cpu as m\n"

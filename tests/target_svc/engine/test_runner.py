@@ -262,3 +262,10 @@ def test_in_bf16_a_token_gets_the_same_logits_alone_or_verified_among_drafts_bes
     crowded.forward([SequenceInput("s", prompt, 0, 1), SequenceInput("o", other, 0, 1)])  # prefilled beside another
     verified = crowded.forward([SequenceInput("o", tokens(3, 23), 90, 3), SequenceInput("s", drafts, 37, 6)])[3:]
     assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))
+
+
+def test_the_runner_says_whether_its_logits_are_batch_invariant(tiny_model_dir, monkeypatch):
+    bf16 = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4, engine=EngineConfig(dtype=torch.bfloat16))
+    assert bf16.batch_invariant  # oneDNN's bf16 matmuls keep rows independent here, and the kernel does
+    monkeypatch.setenv("SPECD_KERNELS", "torch")  # the reference attention promises nothing
+    assert not bf16.batch_invariant
