@@ -35,7 +35,7 @@
 namespace {
 
 // Explicit 16-lane vectors (GCC/Clang vector extensions): one AVX-512 register, two AVX2
-// ones, or whatever the target has. Key positions come in chunks of 16, head dims in
+// ones, or whatever the target has. Key positions come in sub-chunks of 16, head dims in
 // groups of 16 (padded with zeros in the scratch buffers).
 constexpr int64_t kLanes = 16;
 typedef float f32x16 __attribute__((vector_size(64)));
