@@ -1,0 +1,47 @@
+"""End to end in bf16: greedy n-gram speculation is token for token the output without it, while
+the other requests share the batch (the engine's logits are batch invariant)."""
+import asyncio
+
+import pytest
+
+from specd.client import SpecdClient, build_request
+from specd.types import SamplingParams
+from specd.v1 import common_pb2
+from specd_cli.stack import Stack, StackPorts
+
+pytestmark = pytest.mark.e2e
+
+# Prompts written for this test; the first two repeat themselves, so n-gram drafts get accepted.
+PROMPTS = [
+    "Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
+    "List the days of the week twice, separated by commas.",
+    "Explain in two sentences why the sky looks blue.",
+]
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def bf16_stack():
+    stack = Stack(ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16"])
+    try:
+        stack.up()
+        yield stack
+    finally:
+        stack.down()
+
+
+async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:
+    request = build_request(messages=[{"role": "user", "content": prompt}],
+                            sampling=SamplingParams(max_tokens=MAX_TOKENS),
+                            speculative=common_pb2.SpeculativeConfig(method=method))
+    _, token_ids, _ = await client.complete(request, timeout=300)
+    return token_ids
+
+
+async def test_bf16_greedy_ngram_in_a_crowd_equals_none_alone(bf16_stack):
+    async with SpecdClient(bf16_stack.address("gateway")) as client:
+        alone = [await _tokens(client, prompt, "none") for prompt in PROMPTS]
+        crowded = await asyncio.gather(*(_tokens(client, prompt, method)
+                                         for prompt in PROMPTS for method in ("ngram", "none")))
+    assert crowded[0::2] == alone  # ngram, each beside five other requests
+    assert crowded[1::2] == alone  # none, likewise
