@@ -27,14 +27,14 @@ def implementation(device: torch.device) -> ModuleType:
     choice = os.environ.get("SPECD_KERNELS", "")
     if choice and choice not in _CHOICES:
         raise ValueError(f"SPECD_KERNELS={choice!r}: expected one of {', '.join(_CHOICES)} (or unset)")
-    if choice == "torch":
-        return reference
+    if choice == "torch" or (choice != "triton" and device.type != "cuda"):
+        return reference  # without importing triton: CPU tensors never need it unless asked
     triton_impl = triton_implementation()
-    if choice == "triton" and triton_impl is None:
+    if triton_impl is not None:
+        return triton_impl
+    if choice == "triton":
         raise RuntimeError("SPECD_KERNELS=triton, but the `triton` package is not installed "
                            "(pip install 'specd[triton]')")
-    if triton_impl is not None and (choice == "triton" or device.type == "cuda"):
-        return triton_impl
     return reference
 
 
@@ -50,8 +50,7 @@ def triton_implementation() -> ModuleType | None:
 
 def prepare(device: torch.device) -> None:
     """Build now what the kernels for `device` need (the CPU extension), not in the first request."""
-    if device.type == "cpu" and os.environ.get("SPECD_KERNELS") != "torch":
-        cpu.compiled()
+    _attention_module(device)
 
 
 def attention_backend(device: torch.device) -> str:
@@ -60,6 +59,7 @@ def attention_backend(device: torch.device) -> str:
 
 
 def _attention_module(device: torch.device) -> ModuleType:
+    """implementation(device), except that CPU tensors take the compiled kernel where it builds."""
     module = implementation(device)
     if module is reference and device.type == "cpu" and os.environ.get("SPECD_KERNELS") != "torch" \
             and cpu.compiled():
@@ -72,8 +72,9 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
                     scale: float) -> torch.Tensor:
     """See `kernels.reference.attention.paged_attention`."""
-    return _attention_module(query.device).paged_attention(query, key_cache, value_cache, block_tables, query_start, context_start,
-                                  tree_mask, tree_offsets, block_size, scale)
+    return _attention_module(query.device).paged_attention(
+        query, key_cache, value_cache, block_tables, query_start, context_start, tree_mask, tree_offsets,
+        block_size, scale)
 
 
 def greedy_accept(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,

@@ -125,4 +125,3 @@ def random_attention_batch(num_new: list[int], cached: list[int], *, trees: froz
         tree_mask=torch.cat(masks).to(device) if masks else None,
         tree_offsets=torch.tensor(offsets, dtype=torch.int64, device=device),
         block_size=block_size, scale=head_dim ** -0.5)
-

@@ -6,9 +6,6 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
-
-import kernels
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
@@ -77,8 +74,7 @@ class TargetService(Service):
 
     def _report_engine(self, engine: EngineConfig) -> None:
         cache = self.runner.cache
-        attention = kernels.attention_backend(torch.device(engine.device))
-        invariant = self.runner.batch_invariant
+        attention, invariant = self.runner.attention_backend, self.runner.batch_invariant
         log.info("engine: %s %s, %s attention, batch invariant: %s; KV cache %d tokens x %d bytes = %.0f MiB",
                  engine.device, engine.dtype_name, attention, "yes" if invariant else "no", cache.num_tokens,
                  cache.bytes_per_token, cache.num_tokens * cache.bytes_per_token / 2 ** 20)

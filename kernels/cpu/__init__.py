@@ -29,20 +29,17 @@ def compiled() -> bool:
     """Build (or load the cached build of) the extension; False where it cannot be built."""
     from torch.utils import cpp_extension
     try:
-        cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
-                           is_python_module=False, verbose=False)
+        cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                           extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         log.warning("CPU kernels unavailable, using the PyTorch references: %s", error)
         return False
     return True
 
 
-def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    block_tables: torch.Tensor, query_start: torch.Tensor, context_start: torch.Tensor,
-                    tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
-                    scale: float) -> torch.Tensor:
-    """See `kernels.reference.attention.paged_attention`; batch invariant (paged_attention.cpp)."""
+def paged_attention(*args) -> torch.Tensor:
+    """`kernels.reference.attention.paged_attention` (same arguments, in order), batch invariant
+    (see paged_attention.cpp)."""
     if not compiled():
         raise RuntimeError("the CPU kernels could not be built here; use kernels.dispatch, which falls back")
-    return torch.ops.specd.paged_attention(query, key_cache, value_cache, block_tables, query_start,
-                                           context_start, tree_mask, tree_offsets, block_size, scale)
+    return torch.ops.specd.paged_attention(*args)

@@ -10,5 +10,4 @@ from kernels.triton_impl.kv import compact_kv
 from kernels.triton_impl.tree import build_tree_attention, tree_greedy_accept
 
 __all__ = ["build_tree_attention", "compact_kv", "greedy_accept", "paged_attention", "rejection_sample",
-           "sample_recovered",
-           "tree_greedy_accept"]
+           "sample_recovered", "tree_greedy_accept"]

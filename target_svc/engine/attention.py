@@ -41,8 +41,8 @@ class PagedAttention:
         device = cache.device
         self.cache = cache
         self.write_slots = write_slots.to(device)  # [T] cache slot of every new token, in batch order
-        self.num_tokens = sum(s.num_new for s in spans)
         firsts = list(accumulate((s.num_new for s in spans), initial=0))  # each span's first row, then T
+        self.num_tokens = firsts[-1]
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]
         self.prefill_rows = [slice(firsts[i], firsts[i + 1]) for i, p in enumerate(is_prefill) if p]
         paged = [i for i, p in enumerate(is_prefill) if not p]

@@ -119,17 +119,16 @@ class LinearPlan:
         log.info("matmul plan, measured in %.1f s: %s", time.perf_counter() - started, plan.describe())
         return plan
 
-    def rows_independent(self, weights: list[torch.Tensor], max_rows: int = 64) -> bool:
-        """Whether, for these (unprepared) weights, each output row is bit-identical whatever the row
-        count: what batch-invariant decoding needs of the matmuls. Checked, not assumed: it depends
-        on the kernels the CPU and the library pick (oneDNN's bf16 kernels pass on an AMX Xeon, its
-        fp16 ones fail at K = 1536, no fp32 formulation passes)."""
-        generator = torch.Generator(device=weights[0].device).manual_seed(0)
-        for weight in weights:
-            prepared = self.prepare(weight)
+    def rows_independent(self, prepared: list[torch.Tensor], max_rows: int = 64) -> bool:
+        """Whether, for these weights (as `prepare` returned them), each output row is bit-identical
+        whatever the row count: what batch-invariant decoding needs of the matmuls. Checked, not
+        assumed: it depends on the kernels the CPU and the library pick (oneDNN's bf16 kernels pass
+        on an AMX Xeon, its fp16 ones fail at K = 1536, no fp32 formulation passes)."""
+        generator = torch.Generator(device=prepared[0].device).manual_seed(0)
+        for weight in prepared:
             x = torch.randn(max_rows, weight.shape[1], generator=generator, device=weight.device).to(weight.dtype)
-            first = self(x[:1], prepared)
-            if not all(torch.equal(self(x[:rows], prepared)[:1], first) for rows in (2, 3, 8, 17, max_rows)):
+            first = self(x[:1], weight)
+            if not all(torch.equal(self(x[:rows], weight)[:1], first) for rows in (2, 3, 8, 17, max_rows)):
                 return False
         return True
 

@@ -33,6 +33,9 @@ class LayerWeights:
     gate_up: torch.Tensor  # [2 * I, D]
     down: torch.Tensor  # [D, I]
 
+    def matmuls(self) -> list[torch.Tensor]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
     def prepared(self, prepare: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
         """The matmul weights as the engine's matmul wants them (e.g. packed for oneDNN)."""
         return replace(self, qkv=prepare(self.qkv), o=prepare(self.o), gate_up=prepare(self.gate_up),
@@ -111,10 +114,9 @@ class LlamaModel:
         self.embed = state["embed_tokens.weight"]  # [V, D]
         self.norm = state["norm.weight"]  # [D]
         layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
-        first = [layers[0].qkv, layers[0].o, layers[0].gate_up, layers[0].down]
-        self.linear = LinearPlan.measure(first)
-        self.matmul_rows_independent = self.linear.rows_independent(first)
+        self.linear = LinearPlan.measure(layers[0].matmuls())
         self.layers = [layer.prepared(self.linear.prepare) for layer in layers]
+        self.matmul_rows_independent = self.linear.rows_independent(self.layers[0].matmuls())
         self.lm_head = self.linear.prepare(state.get("lm_head.weight", self.embed))  # [V, D]; tied when absent
         self.rope = Rope(config, self.head_dim, engine)
 

@@ -55,11 +55,16 @@ class ModelRunner:
                              num_blocks, block_size, engine)
 
     @property
+    def attention_backend(self) -> str:
+        """The paged-attention kernel this runner's forwards use: "cpu" (C++), "triton" or "reference"."""
+        return kernels.attention_backend(self.device)
+
+    @property
     def batch_invariant(self) -> bool:
         """Whether a token's logits are the same bits whatever else is in its step (so greedy
         speculation is exactly the output without it): row-independent matmuls, checked at load,
         and a paged-attention kernel that computes each query on its own (not the reference)."""
-        return self.model.matmul_rows_independent and kernels.attention_backend(self.device) != "reference"
+        return self.model.matmul_rows_independent and self.attention_backend != "reference"
 
     def forward(self, batch: list[SequenceInput]) -> torch.Tensor:
         """ONE forward pass over every sequence's new tokens (flattened, no padding).

@@ -59,7 +59,8 @@ def test_row_independence_is_checked_not_assumed():
     mixed = LinearPlan(("F.linear",) + ("transposed",) * (len(ROW_BUCKETS) - 1))  # one row: another GEMM
     assert not mixed.rows_independent(weights)
     bf16 = [w.bfloat16() for w in weights]
-    assert LinearPlan.measure(bf16).rows_independent(bf16)
+    packed = LinearPlan.measure(bf16)
+    assert packed.rows_independent([packed.prepare(w) for w in bf16])
 
 
 def test_importing_the_engine_runs_no_probe():
