@@ -9,9 +9,10 @@ which picks the implementation per call (`kernels.dispatch`): Triton on CUDA,
 compiled C++ for attention on CPU (`kernels.cpu`), the PyTorch references
 (`kernels.reference`) elsewhere.
 """
-from kernels.dispatch import (attention_backend, build_tree_attention, compact_kv, greedy_accept, paged_attention,
-                              prepare, rejection_sample, sample_recovered, tree_greedy_accept)
-from kernels.layout import target_row_offsets, tree_mask_offsets
+from kernels.dispatch import (attention_backend, build_tree_attention, compact_kv, greedy_accept, packs_keys,
+                              paged_attention, prepare, rejection_sample, sample_recovered, tree_greedy_accept)
+from kernels.layout import packed_key_shape, read_slots, target_row_offsets, tree_mask_offsets, write_slots
 
-__all__ = ["attention_backend", "build_tree_attention", "compact_kv", "greedy_accept", "paged_attention", "prepare",
-           "rejection_sample", "sample_recovered", "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets"]
+__all__ = ["attention_backend", "build_tree_attention", "compact_kv", "greedy_accept", "packed_key_shape",
+           "packs_keys", "paged_attention", "prepare", "read_slots", "rejection_sample", "sample_recovered",
+           "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets", "write_slots"]

@@ -67,6 +67,12 @@ def _attention_module(device: torch.device) -> ModuleType:
     return module
 
 
+def packs_keys(device: torch.device) -> bool:
+    """Whether the attention kernel for `device` reads the packed key cache (kernels.layout): the C++ and
+    reference kernels do, the Triton kernel reads [slots, KV, Dh]."""
+    return attention_backend(device) != "triton"
+
+
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start: torch.Tensor, context_start: torch.Tensor,
                     tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,

@@ -46,3 +46,53 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
         if parent >= 0:
             mask[i] |= mask[parent]
     return mask
+
+
+# The key cache on CPU is packed: [num_blocks, KV, Dh / P, block_size, P], P = 4 // element size. A block's
+# keys are dimension-major with P dims to a 32-bit lane, so the next P dims of 16 positions are one 64-byte
+# load (and, for bf16, one AVX512-BF16 dot-product operand). The Triton kernels read [slots, KV, Dh].
+# Either way an entry is addressed by its slot = block * block_size + offset.
+
+def key_pack(dtype: torch.dtype) -> int:
+    """P: key dims per 32-bit lane of the packed key cache (1 for fp32, 2 for 16-bit types)."""
+    return max(1, 4 // dtype.itemsize)
+
+
+def packed_key_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                     dtype: torch.dtype) -> tuple[int, ...]:
+    pack = key_pack(dtype)
+    if head_dim % pack:
+        raise ValueError(f"head_dim {head_dim} is not a multiple of {pack}, the {dtype} key pack")
+    return num_blocks, num_kv_heads, head_dim // pack, block_size, pack
+
+
+def pack_keys(keys: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[slots, KV, Dh] -> the packed layout of the same keys (a copy)."""
+    num_slots, kv_heads, head_dim = keys.shape
+    shape = packed_key_shape(num_slots // block_size, block_size, kv_heads, head_dim, keys.dtype)
+    packed = keys.new_empty(shape)
+    write_slots(packed, torch.arange(num_slots, device=keys.device), keys)
+    return packed
+
+
+def read_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The entries of a K or V pool (packed or [slots, KV, Dh]) at `slots` [n], as [n, KV, Dh] (a copy)."""
+    return _by_slot(pool)[_slot_index(pool, slots)].flatten(2)
+
+
+def write_slots(pool: torch.Tensor, slots: torch.Tensor, entries: torch.Tensor) -> None:
+    """entries [n, KV, Dh] into a K or V pool (packed or [slots, KV, Dh]) at `slots` [n], in place."""
+    view, index = _by_slot(pool), _slot_index(pool, slots)
+    view[index] = entries.reshape(entries.shape[0], *view.shape[len(index):])
+
+
+def _by_slot(pool: torch.Tensor) -> torch.Tensor:
+    """A view indexed by slot: [slots, KV, Dh] as it is; packed as [blocks, block_size, KV, Dh / P, P]."""
+    return pool.permute(0, 3, 1, 2, 4) if pool.dim() == 5 else pool
+
+
+def _slot_index(pool: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if pool.dim() == 5:
+        block_size = pool.shape[3]
+        return slots // block_size, slots % block_size
+    return (slots,)

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.layout import ancestor_mask, target_row_offsets
+from kernels.dispatch import packs_keys
+from kernels.layout import ancestor_mask, pack_keys, target_row_offsets
 
 
 @dataclass
@@ -84,8 +85,8 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
 class AttentionBatch:
     """Every input of `paged_attention`, for one random batch over a shuffled paged cache."""
     query: torch.Tensor  # [T, H, Dh]
-    key_cache: torch.Tensor  # [slots, KV, Dh]
-    value_cache: torch.Tensor
+    key_cache: torch.Tensor  # packed (kernels.layout) or [slots, KV, Dh]
+    value_cache: torch.Tensor  # [slots, KV, Dh]
     block_tables: torch.Tensor  # [B, W]
     query_start: torch.Tensor  # [B+1]
     context_start: torch.Tensor  # [B]
@@ -100,10 +101,11 @@ class AttentionBatch:
 
 def random_attention_batch(num_new: list[int], cached: list[int], *, trees: frozenset[int] = frozenset(),
                            heads: int = 9, kv_heads: int = 3, head_dim: int = 64, block_size: int = 16,
-                           dtype: torch.dtype = torch.float32, seed: int = 0,
-                           device: str | torch.device = "cpu") -> AttentionBatch:
+                           dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = "cpu",
+                           packed_keys: bool | None = None) -> AttentionBatch:
     """Sequence b brings num_new[b] queries after cached[b] cached tokens; the sequences in `trees`
-    get random token trees, the others are chains. Blocks are spread over the cache at random."""
+    get random token trees, the others are chains. Blocks are spread over the cache at random. Keys are
+    packed where the device's kernel reads them so (packs_keys), unless `packed_keys` says otherwise."""
     gen = torch.Generator().manual_seed(seed)
     width = max(-(-(c + n) // block_size) for c, n in zip(cached, num_new))
     num_blocks = len(num_new) * width + 1
@@ -117,8 +119,11 @@ def random_attention_batch(num_new: list[int], cached: list[int], *, trees: froz
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
 
+    keys = randn(num_blocks * block_size, kv_heads, head_dim)
+    if packed_keys if packed_keys is not None else packs_keys(torch.device(device)):
+        keys = pack_keys(keys, block_size)
     return AttentionBatch(
-        query=randn(sum(num_new), heads, head_dim), key_cache=randn(num_blocks * block_size, kv_heads, head_dim),
+        query=randn(sum(num_new), heads, head_dim), key_cache=keys,
         value_cache=randn(num_blocks * block_size, kv_heads, head_dim), block_tables=tables.to(device),
         query_start=torch.tensor([0, *num_new], device=device).cumsum(0),
         context_start=torch.tensor(cached, dtype=torch.int64, device=device),

@@ -8,8 +8,10 @@
 // threads. Masked keys contribute exact zeros, so a token decoded alone and the
 // same token verified among drafts get bit-identical outputs.
 //
-// Layout (see kernels/reference/attention.py, the specification):
-//   query [T, H, Dh] (rows may be strided); key_cache, value_cache [num_slots, KV, Dh] with slot =
+// Layout (see kernels/reference/attention.py, the specification, and kernels/layout.py):
+//   query [T, H, Dh] (rows may be strided); key_cache packed [num_blocks, KV, Dh / P, block_size, P]
+//   (P = 4 / sizeof(element): the keys of a block are dimension-major, P dims to a 32-bit lane, so 16
+//   positions' next P dims are one 64-byte load); value_cache [num_slots, KV, Dh] with slot =
 //   block * block_size + offset; block_tables [B, W]; query_start [B+1] (sequence b
 //   owns query rows query_start[b] .. query_start[b+1]-1, its new tokens, whose
 //   K/V already sit at positions context_start[b] + i); tree_offsets [B]: -1 for
@@ -29,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -45,7 +48,7 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef _Float16 f16x16 __attribute__((vector_size(32)));
 
 constexpr int64_t kQueryTile = 8;  // queries of one sequence sharing every key they load
-constexpr int64_t kRowGroup = 4;   // query vectors scored together
+constexpr int64_t kRowGroup = 4;   // query vectors scored and weighted together
 constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: one online-softmax update each
 constexpr int64_t kChunk = kSubChunks * kLanes;
 constexpr int64_t kMaxVecs = 16;   // head_dim up to 256
@@ -99,28 +102,41 @@ inline float lane_sum(f32x16 v) {
   return lanes[0];
 }
 
-// One butterfly stage of a 16 x 16 transpose: lanes at distance B swap between rows i and i + B.
-template <int B, size_t... L>
-inline void butterfly(f32x16& a, f32x16& b, std::index_sequence<L...>) {
-  const f32x16 low = __builtin_shufflevector(a, b, ((L & B) == 0 ? L : 16 + L - B)...);
-  const f32x16 high = __builtin_shufflevector(a, b, ((L & B) == 0 ? L + B : 16 + L)...);
-  a = low;
-  b = high;
+// Elements per 32-bit lane of the packed key cache: the P of its [blocks, KV, Dh / P, block_size, P].
+template <typename scalar_t>
+constexpr int64_t kPack = 4 / sizeof(scalar_t);
+
+// One 64-byte group of a packed key block: the next kPack dims of 16 positions, one vector per dim.
+inline void unpack_keys(const float* group, f32x16* dims) { dims[0] = load16(group); }
+inline void unpack_keys(const c10::BFloat16* group, f32x16* dims) {
+  const u32x16 lanes = bitcast<u32x16>(*reinterpret_cast<const uint32_t(*)[16]>(group));
+  dims[0] = bitcast<f32x16>(lanes << 16);  // the low half of a lane is the even dim
+  dims[1] = bitcast<f32x16>(lanes & 0xFFFF0000u);
+}
+inline void unpack_keys(const c10::Half* group, f32x16* dims) {
+  const u32x16 lanes = bitcast<u32x16>(*reinterpret_cast<const uint32_t(*)[16]>(group));
+  dims[0] = __builtin_convertvector(bitcast<f16x16>(__builtin_convertvector(lanes & 0xFFFFu, u16x16)), f32x16);
+  dims[1] = __builtin_convertvector(bitcast<f16x16>(__builtin_convertvector(lanes >> 16, u16x16)), f32x16);
 }
 
-template <int B>
-inline void butterfly_stage(f32x16* rows) {
-  for (int i = 0; i < 16; ++i) {
-    if ((i & B) == 0) butterfly<B>(rows[i], rows[i + B], std::make_index_sequence<16>{});
-  }
+// A value row as fp32 vectors. bf16 rows go 32 dims at a time, unpacked as pairs: vector 2j holds the
+// even dims of dims 32j .. 32j+31 and vector 2j+1 the odd ones (value_dim() maps them back); a tail of
+// fewer than 32 dims, and other types, go in order, 16 dims to a vector (zeros past the row's end).
+template <typename scalar_t>
+inline void load_values(const scalar_t* row, int64_t n, f32x16* dst) {
+  load_row(row, n, dst);
+}
+inline void load_values(const c10::BFloat16* row, int64_t n, f32x16* dst) {
+  int64_t d = 0;
+  for (; d + 2 * kLanes <= n; d += 2 * kLanes, dst += 2) unpack_keys(row + d, dst);
+  load_row(row + d, n - d, dst);
 }
 
-// rows[i][l] -> rows[l][i], in registers.
-inline void transpose16(f32x16* rows) {
-  butterfly_stage<8>(rows);
-  butterfly_stage<4>(rows);
-  butterfly_stage<2>(rows);
-  butterfly_stage<1>(rows);
+// The head dim that lane l of vector v of load_values() holds.
+template <typename scalar_t>
+inline int64_t value_dim(int64_t v, int64_t l, int64_t n) {
+  if (std::is_same_v<scalar_t, c10::BFloat16> && (v / 2 + 1) * 2 * kLanes <= n) return v / 2 * 2 * kLanes + 2 * l + v % 2;
+  return v * kLanes + l;
 }
 
 // exp(x) for x <= 0, lane-wise (Cephes' expf, ~1 ulp). exp(0) is exactly 1, exp(-inf) exactly 0.
@@ -159,9 +175,20 @@ struct Tile {
   int64_t seq, kv_head, kv_head_end, first, last, cost;
 };
 
-// Online softmax attention of one tile's query vectors for one KV head (each query times each
-// of the KV head's query heads: `rows_`) over the keys they see, a chunk of 64 positions at a time.
+// Online softmax attention of one tile's query vectors for one KV head (each query times each of the KV
+// head's query heads: `rows_`) over the keys they see, a chunk of 64 positions at a time. Every row is
+// computed by the same instructions in the same order whichever rows it is grouped with.
+template <typename scalar_t>
 class TileAttention {
+  static constexpr int64_t P = kPack<scalar_t>;
+#ifdef __AVX512BF16__
+  // bf16 scores straight from the packed cache: one instruction multiplies 16 positions' next two dims
+  // by the query's and adds both products to the running sums.
+  static constexpr bool kDotProducts = std::is_same_v<scalar_t, c10::BFloat16>;
+#else
+  static constexpr bool kDotProducts = false;
+#endif
+
  public:
   TileAttention(const Problem& p, const Tile& t, int64_t kv_head)
       : p_(p), t_(t), kv_head_(kv_head),
@@ -169,39 +196,47 @@ class TileAttention {
         queries_(t.last - t.first),
         rows_(queries_ * group_),
         vecs_((p.head_dim + kLanes - 1) / kLanes),
+        lanes_(p.head_dim / P),
         start_(p.context_start[t.seq]),
         num_new_(p.query_start[t.seq + 1] - p.query_start[t.seq]),
         first_new_(t.first - p.query_start[t.seq]),
         tree_(p.tree_offsets[t.seq]),
         table_(p.block_tables + t.seq * p.table_width),
-        padded_rows_((rows_ + kRowGroup - 1) / kRowGroup * kRowGroup),
-        q_(padded_rows_ * vecs_ * kLanes, 0.0f), acc_(rows_ * vecs_, f32x16{}), keys_t_(kChunk * vecs_),
-        values_(kChunk * vecs_), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
-        sum_(rows_, 0.0f) {}
+        q_(rows_ * p.head_dim), q_lanes_(rows_ * lanes_), acc_(rows_ * vecs_, f32x16{}),
+        keys_t_(kDotProducts ? 0 : kSubChunks * p.head_dim),
+        gathered_(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim),
+        visible_(queries_ * kSubChunks), max_(rows_, kNegInf), sum_(rows_, 0.0f) {}
 
   // Past every position a query of the tile sees.
   int64_t limit() const { return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_; }
 
-  template <typename scalar_t>
   void attend(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk) {
-    load_chunk(key_cache, value_cache, chunk, limit());
-    mark_visible(chunk, limit());
-    for (int64_t r = 0; r < rows_; r += kRowGroup) attend_chunk(r);
-  }
-
-  template <typename scalar_t>
-  void load_queries(const scalar_t* query) {
-    const int64_t width = vecs_ * kLanes;
-    for (int64_t i = 0; i < queries_; ++i) {
-      for (int64_t g = 0; g < group_; ++g) {
-        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (kv_head_ * group_ + g) * p_.head_dim;
-        float* q = &q_[(i * group_ + g) * width];
-        for (int64_t d = 0; d < p_.head_dim; ++d) q[d] = static_cast<float>(src[d]) * p_.scale;
+    count_ = std::min(kChunk, limit() - chunk);
+    find_keys(key_cache, chunk);
+    find_values(value_cache, chunk);
+    mark_visible(chunk);
+    if constexpr (!kDotProducts) unpack_chunk();
+    for (int64_t r = 0; r < rows_; r += kRowGroup) {
+      switch (std::min(kRowGroup, rows_ - r)) {
+        case 1: attend_rows<1>(r); break;
+        case 2: attend_rows<2>(r); break;
+        case 3: attend_rows<3>(r); break;
+        default: attend_rows<4>(r); break;
       }
     }
   }
 
-  template <typename scalar_t>
+  void load_queries(const scalar_t* query) {
+    for (int64_t i = 0; i < queries_; ++i) {
+      for (int64_t g = 0; g < group_; ++g) {
+        const int64_t r = i * group_ + g;
+        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (kv_head_ * group_ + g) * p_.head_dim;
+        for (int64_t d = 0; d < p_.head_dim; ++d) q_[r * p_.head_dim + d] = static_cast<float>(src[d]) * p_.scale;
+        std::memcpy(&q_lanes_[r * lanes_], src, lanes_ * sizeof(uint32_t));
+      }
+    }
+  }
+
   void store(scalar_t* out) const {
     for (int64_t i = 0; i < queries_; ++i) {
       for (int64_t g = 0; g < group_; ++g) {
@@ -211,7 +246,7 @@ class TileAttention {
         for (int64_t v = 0; v < vecs_; ++v) {
           std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
           for (int64_t l = 0; l < kLanes && v * kLanes + l < p_.head_dim; ++l) {
-            dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
+            dst[value_dim<scalar_t>(v, l, p_.head_dim)] = static_cast<scalar_t>(row[l] / sum_[r]);
           }
         }
       }
@@ -219,43 +254,59 @@ class TileAttention {
   }
 
  private:
-  // The chunk's keys transposed (keys_t_[c * width + d]: dim d of the keys of sub-chunk c,
-  // 16 positions each) and its values as rows.
-  template <typename scalar_t>
-  void load_chunk(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk, int64_t limit) {
-    const int64_t count = std::min(kChunk, limit - chunk);
-    int64_t rows[kChunk];  // element offset of each position's K/V row
+  // Where each 16-position sub-chunk's packed keys are: groups_[c] points at its first group of P dims
+  // (16 * P values), the next groups stride_[c] values apart. Where a block holds whole sub-chunks
+  // (block_size a multiple of 16) that is the cache itself; otherwise the positions are gathered into
+  // gathered_. nullptr: the sub-chunk starts past the limit.
+  void find_keys(const scalar_t* key_cache, int64_t chunk) {
+    const int64_t block_values = p_.head_dim * p_.block_size;  // of one KV head of one block
+    auto head_block = [&](int64_t position) {
+      return key_cache + (table_[position / p_.block_size] * p_.num_kv_heads + kv_head_) * block_values;
+    };
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      const int64_t first = chunk + c * kLanes;
+      if (first >= chunk + count_) {
+        groups_[c] = nullptr;
+      } else if (p_.block_size % kLanes == 0) {
+        groups_[c] = head_block(first) + first % p_.block_size * P;
+        stride_[c] = p_.block_size * P;
+      } else {
+        scalar_t* dst = &gathered_[c * kLanes * p_.head_dim];
+        for (int64_t j = 0; j < kLanes; ++j) {
+          const int64_t position = std::min(first + j, chunk + count_ - 1);  // past the limit: never seen
+          const scalar_t* src = head_block(position) + position % p_.block_size * P;
+          for (int64_t g = 0; g < lanes_; ++g) std::copy_n(src + g * p_.block_size * P, P, dst + (g * kLanes + j) * P);
+        }
+        groups_[c] = dst;
+        stride_[c] = kLanes * P;
+      }
+    }
+  }
+
+  // The value row of each of the chunk's positions.
+  void find_values(const scalar_t* value_cache, int64_t chunk) {
     int64_t block = chunk / p_.block_size, offset = chunk % p_.block_size;  // walked, not divided, per key
-    for (int64_t j = 0; j < count; ++j) {
-      rows[j] = ((table_[block] * p_.block_size + offset) * p_.num_kv_heads + kv_head_) * p_.head_dim;
+    for (int64_t j = 0; j < count_; ++j) {
+      value_rows_[j] = value_cache + ((table_[block] * p_.block_size + offset) * p_.num_kv_heads + kv_head_) * p_.head_dim;
       if (++offset == p_.block_size) {
         offset = 0;
         ++block;
       }
     }
-    f32x16 square[kLanes];
+  }
+
+  // The chunk's keys as fp32 vectors, for the generic scores (keys_t_[c * Dh + d]: dim d of sub-chunk c).
+  void unpack_chunk() {
     for (int64_t c = 0; c < kSubChunks; ++c) {
-      for (int64_t v = 0; v < vecs_; ++v) {
-        for (int64_t j = 0; j < kLanes; ++j) {  // positions past the limit are never seen; zeros stay finite
-          const int64_t key = c * kLanes + j;
-          square[j] = key < count ? load_part(key_cache + rows[key], v * kLanes, p_.head_dim) : f32x16{};
-        }
-        transpose16(square);
-        std::copy_n(square, kLanes, &keys_t_[(c * vecs_ + v) * kLanes]);
-      }
-    }
-    for (int64_t j = 0; j < kChunk; ++j) {
-      if (j < count) {
-        load_row(value_cache + rows[j], p_.head_dim, &values_[j * vecs_]);
-      } else {
-        std::fill_n(&values_[j * vecs_], vecs_, f32x16{});
-      }
+      if (groups_[c] == nullptr) continue;  // its positions are never seen
+      for (int64_t g = 0; g < lanes_; ++g) unpack_keys(groups_[c] + g * stride_[c], &keys_t_[c * p_.head_dim + g * P]);
     }
   }
 
   // Which of the chunk's positions each query sees. Positions before the new tokens are seen by
   // all; a chain query sees up to its own position: both are comparisons, done lane-wise.
-  void mark_visible(int64_t chunk, int64_t limit) {
+  void mark_visible(int64_t chunk) {
+    const int64_t limit = chunk + count_;
     i32x16 lane;
     for (int32_t j = 0; j < kLanes; ++j) lane[j] = j;
     for (int64_t i = 0; i < queries_; ++i) {
@@ -275,23 +326,76 @@ class TileAttention {
     }
   }
 
-  // Scores of kRowGroup query vectors at once (independent FMA chains; padding rows are
-  // zeros and dropped), each score summed over d in order; then each real row's update.
-  void attend_chunk(int64_t first_row) {
-    const int64_t width = vecs_ * kLanes;
-    const float* q = &q_[first_row * width];
-    Scores scores[kRowGroup] = {};
-    for (int64_t d = 0; d < width; ++d) {
-      for (int64_t c = 0; c < kSubChunks; ++c) {
-        const f32x16 keys = keys_t_[c * width + d];
-        for (int64_t i = 0; i < kRowGroup; ++i) scores[i][c] += q[i * width + d] * keys;
-      }
+  // N rows (independent chains) through one chunk: scores, softmax weights, weighted values.
+  template <int N>
+  void attend_rows(int64_t first_row) {
+    Scores scores[N] = {};
+    if constexpr (kDotProducts) {
+      dot_scores<N>(first_row, scores);
+    } else {
+      fma_scores<N>(first_row, scores);
     }
-    for (int64_t i = 0; i < kRowGroup && first_row + i < rows_; ++i) update(first_row + i, scores[i]);
+    float rescale[N];
+    bool any = false;
+    for (int i = 0; i < N; ++i) any |= softmax(first_row + i, scores[i], rescale[i]);
+    if (!any) return;  // nothing visible here: every row's state stays exactly as it was
+    switch (vecs_) {  // the value sums in registers for the common head dims
+      case 4: return add_values<N, 4>(first_row, scores, rescale);
+      case 8: return add_values<N, 8>(first_row, scores, rescale);
+      default: return add_values<N, 0>(first_row, scores, rescale);
+    }
   }
 
-  // Online softmax: fold one chunk's scores into row r's running max, sum and weighted values.
-  void update(int64_t r, Scores& scores) {
+  // Scores summed over d in order, from the unpacked keys.
+  template <int N>
+  void fma_scores(int64_t first_row, Scores* scores) const {
+    const float* q = &q_[first_row * p_.head_dim];
+    for (int64_t d = 0; d < p_.head_dim; ++d) {
+      for (int64_t c = 0; c < kSubChunks; ++c) {
+        const f32x16 keys = keys_t_[c * p_.head_dim + d];
+        for (int i = 0; i < N; ++i) scores[i][c] += q[i * p_.head_dim + d] * keys;
+      }
+    }
+  }
+
+#ifdef __AVX512BF16__
+  // Scores summed over pairs of dims in order, even and odd pairs in two running sums added at the end.
+  template <int N>
+  void dot_scores(int64_t first_row, Scores* scores) const {
+    const uint32_t* q = &q_lanes_[first_row * lanes_];
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      if (groups_[c] == nullptr) continue;  // never seen: softmax() masks it
+      const scalar_t* keys = groups_[c];
+      const int64_t stride = stride_[c];
+      __m512 even[N], odd[N];
+      for (int i = 0; i < N; ++i) even[i] = odd[i] = _mm512_setzero_ps();
+      int64_t g = 0;
+      for (; g + 1 < lanes_; g += 2) {
+        const __m512bh k_even = (__m512bh)_mm512_loadu_si512(keys + g * stride);
+        const __m512bh k_odd = (__m512bh)_mm512_loadu_si512(keys + (g + 1) * stride);
+        for (int i = 0; i < N; ++i) {
+          even[i] = _mm512_dpbf16_ps(even[i], k_even, (__m512bh)_mm512_set1_epi32(q[i * lanes_ + g]));
+          odd[i] = _mm512_dpbf16_ps(odd[i], k_odd, (__m512bh)_mm512_set1_epi32(q[i * lanes_ + g + 1]));
+        }
+      }
+      if (g < lanes_) {
+        const __m512bh k_last = (__m512bh)_mm512_loadu_si512(keys + g * stride);
+        for (int i = 0; i < N; ++i) {
+          even[i] = _mm512_dpbf16_ps(even[i], k_last, (__m512bh)_mm512_set1_epi32(q[i * lanes_ + g]));
+        }
+      }
+      for (int i = 0; i < N; ++i) scores[i][c] = bitcast<f32x16>(_mm512_add_ps(even[i], odd[i])) * p_.scale;
+    }
+  }
+#else
+  template <int N>
+  void dot_scores(int64_t, Scores*) const {}
+#endif
+
+  // Online softmax: folds one chunk's scores into row r's running max and sum and turns them into the
+  // keys' weights; `rescale` is what the row's accumulated values are multiplied by. False (and zero
+  // weights) when the row sees nothing here.
+  bool softmax(int64_t r, Scores& scores, float& rescale) {
     const i32x16* visible = &visible_[(r / group_) * kSubChunks];
     f32x16 most = f32x16{} + kNegInf;
     for (int64_t c = 0; c < kSubChunks; ++c) {
@@ -300,9 +404,13 @@ class TileAttention {
     }
     float chunk_max = kNegInf;
     for (int64_t j = 0; j < kLanes; ++j) chunk_max = std::max(chunk_max, most[j]);
-    if (chunk_max == kNegInf) return;  // nothing visible here: the state stays exactly as it was
+    rescale = 1.0f;
+    if (chunk_max == kNegInf) {
+      for (int64_t c = 0; c < kSubChunks; ++c) scores[c] = f32x16{};
+      return false;
+    }
     const float new_max = std::max(max_[r], chunk_max);
-    const float rescale = max_[r] == kNegInf ? 0.0f : exp_nonpositive(f32x16{} + (max_[r] - new_max))[0];
+    rescale = max_[r] == kNegInf ? 0.0f : exp_nonpositive(f32x16{} + (max_[r] - new_max))[0];
     f32x16 total{};
     for (int64_t c = 0; c < kSubChunks; ++c) {
       scores[c] = exp_nonpositive(scores[c] - new_max);  // now the keys' weights
@@ -310,31 +418,49 @@ class TileAttention {
     }
     max_[r] = new_max;
     sum_[r] = sum_[r] * rescale + lane_sum(total);
-    // Two interleaved partial sums over the keys: twice the independent FMA chains.
-    f32x16 even[kMaxVecs] = {}, odd[kMaxVecs] = {};
-    for (int64_t key = 0; key < kChunk; key += 2) {
-      const float w_even = scores[key / kLanes][key % kLanes], w_odd = scores[key / kLanes][key % kLanes + 1];
-      const f32x16* v_even = &values_[key * vecs_];
-      const f32x16* v_odd = v_even + vecs_;
-      for (int64_t v = 0; v < vecs_; ++v) {
-        even[v] += w_even * v_even[v];
-        odd[v] += w_odd * v_odd[v];
+    return true;
+  }
+
+  // acc = acc * rescale + the chunk's values weighted, summed over positions in order. Each value row is
+  // read from the cache and converted once for the N rows. VECS: the vectors per row, 0 = vecs_.
+  template <int N, int VECS>
+  void add_values(int64_t first_row, const Scores* weights, const float* rescale) {
+    constexpr int64_t kMost = VECS ? VECS : kMaxVecs;
+    const int64_t vecs = VECS ? VECS : vecs_;
+    float w[N][kChunk];
+    std::memcpy(w, weights, sizeof(w));
+    f32x16 sums[N][kMost];
+    for (int i = 0; i < N; ++i) {
+      for (int64_t v = 0; v < vecs; ++v) sums[i][v] = f32x16{};
+    }
+    for (int64_t j = 0; j < count_; ++j) {
+      f32x16 values[kMost];
+      load_values(value_rows_[j], p_.head_dim, values);
+      for (int i = 0; i < N; ++i) {
+        for (int64_t v = 0; v < vecs; ++v) sums[i][v] += w[i][j] * values[v];
       }
     }
-    f32x16* acc = &acc_[r * vecs_];
-    for (int64_t v = 0; v < vecs_; ++v) acc[v] = acc[v] * rescale + (even[v] + odd[v]);
+    for (int i = 0; i < N; ++i) {
+      f32x16* acc = &acc_[(first_row + i) * vecs_];
+      for (int64_t v = 0; v < vecs; ++v) acc[v] = acc[v] * rescale[i] + sums[i][v];
+    }
   }
 
   const Problem& p_;
   const Tile& t_;
   const int64_t kv_head_;
-  const int64_t group_, queries_, rows_, vecs_, start_, num_new_, first_new_, tree_;
+  const int64_t group_, queries_, rows_, vecs_, lanes_, start_, num_new_, first_new_, tree_;
   const int64_t* table_;
-  const int64_t padded_rows_;
-  std::vector<float> q_;                          // [padded rows][vecs * 16], scaled
-  std::vector<f32x16> acc_, keys_t_, values_;     // [rows][vecs], [4][vecs * 16] (see load_chunk), [64][vecs]
-  std::vector<i32x16> visible_;                   // [queries][4]: which of the chunk's positions each query sees
-  std::vector<float> max_, sum_;                  // [rows]: the online softmax's running max and sum
+  std::vector<float> q_;                    // [rows][Dh], scaled
+  std::vector<uint32_t> q_lanes_;           // [rows][Dh / P]: the query as stored, P dims to a lane
+  std::vector<f32x16> acc_, keys_t_;        // [rows][vecs] (in load_values' order); [4][Dh] (see unpack_chunk)
+  std::vector<scalar_t> gathered_;          // [4][Dh / P][16][P] (see find_keys)
+  int64_t count_ = 0;                       // positions of the chunk up to the limit
+  const scalar_t* groups_[kSubChunks];
+  int64_t stride_[kSubChunks];
+  const scalar_t* value_rows_[kChunk];
+  std::vector<i32x16> visible_;             // [queries][4]: which of the chunk's positions each query sees
+  std::vector<float> max_, sum_;            // [rows]: the online softmax's running max and sum
 };
 
 std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t workers) {
@@ -366,16 +492,16 @@ std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t work
 template <typename scalar_t>
 void run_tile(const Problem& problem, const Tile& tile, const scalar_t* q, const scalar_t* k, const scalar_t* v,
               scalar_t* o) {
-  std::vector<TileAttention> heads;
+  std::vector<TileAttention<scalar_t>> heads;
   heads.reserve(tile.kv_head_end - tile.kv_head);
   for (int64_t h = tile.kv_head; h < tile.kv_head_end; ++h) {
     heads.emplace_back(problem, tile, h);
     heads.back().load_queries(q);
   }
   for (int64_t chunk = 0; chunk < heads.front().limit(); chunk += kChunk) {
-    for (TileAttention& head : heads) head.attend(k, v, chunk);
+    for (TileAttention<scalar_t>& head : heads) head.attend(k, v, chunk);
   }
-  for (const TileAttention& head : heads) head.store(o);
+  for (const TileAttention<scalar_t>& head : heads) head.store(o);
 }
 
 // Tiles handed out one at a time to every thread, so that the threads finish together.
@@ -399,13 +525,18 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start,
                            const at::Tensor& context_start, const c10::optional<at::Tensor>& tree_mask,
                            const at::Tensor& tree_offsets, int64_t block_size, double scale) {
-  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 3, "query [T, H, Dh] and caches [slots, KV, Dh] expected");
+  TORCH_CHECK(query.dim() == 3 && value_cache.dim() == 3 && key_cache.dim() == 5,
+              "query [T, H, Dh], key_cache [blocks, KV, Dh / P, block_size, P], value_cache [slots, KV, Dh] expected");
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2), "each query row's heads must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(key_cache.scalar_type() == query.scalar_type() && value_cache.scalar_type() == query.scalar_type(),
               "query and caches must share a dtype");
-  TORCH_CHECK(query.size(1) % key_cache.size(1) == 0, "query heads must be a multiple of KV heads");
-  TORCH_CHECK(query.size(2) == key_cache.size(2), "query and cache head_dim differ");
+  TORCH_CHECK(key_cache.size(4) * query.element_size() == 4, "key_cache packs 4 bytes of dims per lane");
+  TORCH_CHECK(key_cache.size(1) == value_cache.size(1) && key_cache.size(2) * key_cache.size(4) == query.size(2) &&
+                  value_cache.size(2) == query.size(2) && key_cache.size(3) == block_size &&
+                  key_cache.size(0) * block_size == value_cache.size(0),
+              "key_cache, value_cache and query disagree on KV heads, head_dim or block_size");
+  TORCH_CHECK(query.size(1) % value_cache.size(1) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(query.size(2) <= kMaxVecs * kLanes, "head_dim above ", kMaxVecs * kLanes);
   for (const at::Tensor* t : {&block_tables, &query_start, &context_start, &tree_offsets}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "index tensors must be contiguous int64");
@@ -418,7 +549,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
   if (tree_mask.has_value()) {
     mask = tree_mask->to(at::kBool).contiguous();
   }
-  const Problem problem{query.size(1), key_cache.size(1), query.size(2), block_size, block_tables.size(1),
+  const Problem problem{query.size(1), value_cache.size(1), query.size(2), block_size, block_tables.size(1),
                         query.stride(0), static_cast<float>(scale), block_tables.data_ptr<int64_t>(),
                         query_start.data_ptr<int64_t>(), context_start.data_ptr<int64_t>(),
                         tree_offsets.data_ptr<int64_t>(), mask.defined() ? mask.data_ptr<bool>() : nullptr};

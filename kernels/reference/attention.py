@@ -12,23 +12,25 @@ from __future__ import annotations
 
 import torch
 
+from kernels.layout import read_slots
+
 
 def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     block_tables: torch.Tensor, query_start: torch.Tensor, context_start: torch.Tensor,
                     tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
                     scale: float) -> torch.Tensor:
-    """query [T, H, Dh]; key_cache, value_cache [slots, KV, Dh] (slot = block * block_size + offset);
-    block_tables [B, W]; query_start [B+1]; context_start, tree_offsets [B]; tree_mask [M] bool or None.
+    """query [T, H, Dh]; key_cache and value_cache [slots, KV, Dh] (slot = block * block_size + offset), or
+    key_cache packed (kernels.layout); block_tables [B, W]; query_start [B+1]; context_start, tree_offsets [B]; tree_mask [M] bool or None.
     Returns [T, H, Dh] in query's dtype, computed in fp32."""
     out = torch.empty_like(query)
-    group = query.shape[1] // key_cache.shape[1]
+    group = query.shape[1] // value_cache.shape[1]
     for b in range(context_start.numel()):
         first, last = int(query_start[b]), int(query_start[b + 1])
         start, n = int(context_start[b]), last - first
         positions = torch.arange(start + n, device=query.device)
         slots = block_tables[b, positions // block_size] * block_size + positions % block_size
-        keys = key_cache[slots].float().repeat_interleave(group, dim=1)  # [L, H, Dh]
-        values = value_cache[slots].float().repeat_interleave(group, dim=1)
+        keys = read_slots(key_cache, slots).float().repeat_interleave(group, dim=1)  # [L, H, Dh]
+        values = read_slots(value_cache, slots).float().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", query[first:last].float() * scale, keys)  # [H, n, L]
         visible = _visible(start, n, tree_mask, int(tree_offsets[b]), query.device)  # [n, L]
         weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)

@@ -5,13 +5,16 @@ from collections.abc import Sequence
 
 import torch
 
+from kernels.layout import read_slots, write_slots
+
 
 def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-    """In every pool [num_slots, kv_heads, head_dim], moves entry src_slots[i] to dst_slots[i] ([M] each).
+    """In every pool ([num_slots, kv_heads, head_dim], or packed keys: kernels.layout), moves entry
+    src_slots[i] to dst_slots[i] ([M] each).
 
     In place, and as if every entry were read before any is written, so a source
     may also be a destination (an accepted path moving down over rejected nodes).
     dst_slots must be distinct. Pass every layer's K and V pools at once.
     """
     for pool in pools:
-        pool.index_copy_(0, dst_slots, pool.index_select(0, src_slots))
+        write_slots(pool, dst_slots, read_slots(pool, src_slots))

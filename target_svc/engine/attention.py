@@ -59,7 +59,7 @@ class PagedAttention:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KV, Dh] into the new tokens' slots (and kept for this layer's prefills)."""
-        self.cache.keys[layer].index_copy_(0, self.write_slots, k)
+        kernels.write_slots(self.cache.keys[layer], self.write_slots, k)
         self.cache.values[layer].index_copy_(0, self.write_slots, v)
         self._new_keys, self._new_values = k, v
 

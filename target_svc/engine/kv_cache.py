@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from target_svc.engine.config import EngineConfig
 
 
@@ -89,7 +90,9 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
 
 
 class KVCache:
-    """Per-layer K and V pools of shape [num_blocks * block_size, num_kv_heads, head_dim]."""
+    """Per-layer K and V pools. V: [num_blocks * block_size, num_kv_heads, head_dim]; K in the layout the
+    device's attention kernel reads (packed by block on CPU, see kernels.layout, else like V). Entries are
+    addressed by slot = block * block_size + offset either way (kernels.read_slots / write_slots)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int, engine: EngineConfig = EngineConfig()):
@@ -97,6 +100,8 @@ class KVCache:
         self.dtype, self.device = engine.dtype, torch.device(engine.device)
         self.num_tokens = num_blocks * block_size
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        value_shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        key_shape = kernels.packed_key_shape(num_blocks, block_size, num_kv_heads, head_dim, self.dtype) \
+            if kernels.packs_keys(self.device) else value_shape
+        self.keys = [torch.zeros(key_shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
+        self.values = [torch.zeros(value_shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]

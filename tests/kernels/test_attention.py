@@ -29,7 +29,7 @@ def test_a_parent_after_its_child_is_rejected(parents):
 
 def test_the_reference_is_plain_attention_over_what_each_query_sees():
     batch = random_attention_batch([3], [2], trees=frozenset({0}), heads=2, kv_heads=1, head_dim=4, block_size=2,
-                                   seed=3)
+                                   seed=3, packed_keys=False)
     out = reference.paged_attention(*batch.args())
     positions = torch.arange(5)
     slots = batch.block_tables[0, positions // 2] * 2 + positions % 2
@@ -51,6 +51,24 @@ def test_cpu_kernel_matches_the_reference(shape, trees, dtype):
     actual = cpu.paged_attention(*batch.args())
     assert actual.dtype == dtype
     torch.testing.assert_close(actual.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+@compiled
+@pytest.mark.parametrize("dtype", TOLERANCE, ids=str)
+@pytest.mark.parametrize("head_dim, block_size", [(48, 6), (40, 16), (64, 32)])
+def test_cpu_kernel_matches_the_reference_for_other_head_dims_and_block_sizes(head_dim, block_size, dtype):
+    """Blocks that do not hold whole runs of 16 positions are gathered; head dims need not fill 32 lanes."""
+    batch = random_attention_batch([1, 5, 3], [70, 0, 33], trees=frozenset({1}), head_dim=head_dim,
+                                   block_size=block_size, dtype=dtype, seed=4)
+    expected = reference.paged_attention(*batch.args())
+    actual = cpu.paged_attention(*batch.args())
+    torch.testing.assert_close(actual.float(), expected.float(), atol=TOLERANCE[dtype], rtol=0)
+
+
+def test_the_reference_reads_packed_and_plain_keys_alike():
+    plain = random_attention_batch([2, 1], [20, 7], block_size=4, packed_keys=False, seed=5)
+    packed = random_attention_batch([2, 1], [20, 7], block_size=4, packed_keys=True, seed=5)
+    assert torch.equal(reference.paged_attention(*plain.args()), reference.paged_attention(*packed.args()))
 
 
 @compiled

@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+import kernels
+from target_svc.engine.config import EngineConfig
 from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks
 
 
@@ -104,6 +106,23 @@ def test_slots_outside_capacity_raise():
 def test_kv_cache_pool_shapes():
     cache = KVCache(num_layers=3, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4)
     assert len(cache.keys) == len(cache.values) == 3
-    assert cache.keys[0].shape == cache.values[2].shape == (20, 2, 8)
+    assert cache.values[2].shape == (20, 2, 8)
+    assert cache.keys[0].shape == (5, 2, 8, 4, 1)  # packed on CPU: [blocks, KV, Dh / P, block_size, P]
     assert cache.keys[0].dtype == torch.float32
+
+
+def test_a_bf16_cache_packs_two_key_dims_to_a_lane():
+    cache = KVCache(num_layers=1, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4,
+                    engine=EngineConfig(dtype=torch.bfloat16))
+    assert cache.keys[0].shape == (5, 2, 4, 4, 2)
+
+
+def test_entries_written_by_slot_read_back_by_slot_in_either_layout():
+    cache = KVCache(num_layers=1, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4,
+                    engine=EngineConfig(dtype=torch.bfloat16))
+    slots, entries = torch.tensor([19, 0, 6]), torch.randn(3, 2, 8).bfloat16()
+    for pool in (cache.keys[0], cache.values[0]):
+        kernels.write_slots(pool, slots, entries)
+        assert torch.equal(kernels.read_slots(pool, slots), entries)
+        assert torch.equal(kernels.read_slots(pool, torch.tensor([1])), torch.zeros(1, 2, 8, dtype=torch.bfloat16))
 
