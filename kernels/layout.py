@@ -77,22 +77,28 @@ def pack_keys(keys: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def read_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The entries of a K or V pool (packed or [slots, KV, Dh]) at `slots` [n], as [n, KV, Dh] (a copy)."""
-    return _by_slot(pool)[_slot_index(pool, slots)].flatten(2)
+    return pool.view(-1)[slot_elements(pool, slots)].view(slots.numel(), *_entry_shape(pool))
 
 
 def write_slots(pool: torch.Tensor, slots: torch.Tensor, entries: torch.Tensor) -> None:
     """entries [n, KV, Dh] into a K or V pool (packed or [slots, KV, Dh]) at `slots` [n], in place."""
-    view, index = _by_slot(pool), _slot_index(pool, slots)
-    view[index] = entries.reshape(entries.shape[0], *view.shape[len(index):])
+    pool.view(-1).index_copy_(0, slot_elements(pool, slots), entries.reshape(-1))
 
 
-def _by_slot(pool: torch.Tensor) -> torch.Tensor:
-    """A view indexed by slot: [slots, KV, Dh] as it is; packed as [blocks, block_size, KV, Dh / P, P]."""
-    return pool.permute(0, 3, 1, 2, 4) if pool.dim() == 5 else pool
+def slot_elements(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """[n * KV * Dh] where the entries at `slots` sit in the flattened pool, in [n, KV, Dh] order (computed
+    once per forward, it serves every layer's write)."""
+    kv_heads, head_dim = _entry_shape(pool)
+    heads = torch.arange(kv_heads, device=slots.device)[None, :, None]
+    dims = torch.arange(head_dim, device=slots.device)[None, None, :]
+    slots = slots[:, None, None]
+    if pool.dim() == 3:
+        return ((slots * kv_heads + heads) * head_dim + dims).flatten()
+    _, _, groups, block_size, pack = pool.shape
+    blocks, offsets = slots // block_size, slots % block_size
+    return ((((blocks * kv_heads + heads) * groups + dims // pack) * block_size + offsets) * pack + dims % pack).flatten()
 
 
-def _slot_index(pool: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if pool.dim() == 5:
-        block_size = pool.shape[3]
-        return slots // block_size, slots % block_size
-    return (slots,)
+def _entry_shape(pool: torch.Tensor) -> tuple[int, int]:
+    """(KV, Dh) of a packed or [slots, KV, Dh] pool."""
+    return (pool.shape[1], pool.shape[2] * pool.shape[4]) if pool.dim() == 5 else (pool.shape[1], pool.shape[2])

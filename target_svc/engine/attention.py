@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.layout import ancestor_mask
+from kernels.layout import ancestor_mask, slot_elements
 from target_svc.engine.kv_cache import KVCache
 
 
@@ -41,6 +41,7 @@ class PagedAttention:
         device = cache.device
         self.cache = cache
         self.write_slots = write_slots.to(device)  # [T] cache slot of every new token, in batch order
+        self.key_elements = slot_elements(cache.keys[0], self.write_slots)  # the same in the (packed) K pools
         firsts = list(accumulate((s.num_new for s in spans), initial=0))  # each span's first row, then T
         self.num_tokens = firsts[-1]
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]
@@ -59,7 +60,7 @@ class PagedAttention:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KV, Dh] into the new tokens' slots (and kept for this layer's prefills)."""
-        kernels.write_slots(self.cache.keys[layer], self.write_slots, k)
+        self.cache.keys[layer].view(-1).index_copy_(0, self.key_elements, k.reshape(-1))
         self.cache.values[layer].index_copy_(0, self.write_slots, v)
         self._new_keys, self._new_values = k, v
 
