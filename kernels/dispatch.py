@@ -83,6 +83,29 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
         block_size, scale)
 
 
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """See `kernels.reference.layers.add_rms_norm`."""
+    return _layer_module(h).add_rms_norm(h, delta, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """See `kernels.reference.layers.silu_mul`."""
+    return _layer_module(gate_up).silu_mul(gate_up)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """See `kernels.reference.layers.rotate`."""
+    return _layer_module(x).rotate(x, cos, sin)
+
+
+def _layer_module(t: torch.Tensor) -> ModuleType:
+    """The fused C++ layer ops for 16-bit CPU tensors where they build; the references (transformers'
+    ops, which the fp32 path must match bit for bit) everywhere else."""
+    if t.dtype in (torch.bfloat16, torch.float16) and _attention_module(t.device) is cpu:
+        return cpu
+    return reference
+
+
 def greedy_accept(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
                   target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """See `kernels.reference.chain.greedy_accept`."""

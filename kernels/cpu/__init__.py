@@ -15,7 +15,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("paged_attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "layers.cpp")]
 # -march=native: the extension is compiled where it runs (cached per machine under
 # torch's extension directory), so it may use every vector unit that machine has.
 CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
@@ -40,6 +40,25 @@ def compiled() -> bool:
 def paged_attention(*args) -> torch.Tensor:
     """`kernels.reference.attention.paged_attention` (same arguments, in order), batch invariant
     (see paged_attention.cpp)."""
+    return _op("paged_attention")(*args)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`kernels.reference.layers.add_rms_norm` for bf16 and fp16 (layers.cpp)."""
+    return _op("add_rms_norm")(h, delta, weight, eps)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`kernels.reference.layers.silu_mul` for bf16 and fp16 (layers.cpp)."""
+    return _op("silu_mul")(gate_up)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`kernels.reference.layers.rotate` for bf16 and fp16 (layers.cpp)."""
+    return _op("rotate")(x, cos, sin)
+
+
+def _op(name: str):
     if not compiled():
         raise RuntimeError("the CPU kernels could not be built here; use kernels.dispatch, which falls back")
-    return torch.ops.specd.paged_attention(*args)
+    return getattr(torch.ops.specd, name)

@@ -25,6 +25,8 @@
 #endif
 #include <torch/library.h>
 
+#include "vec.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -37,15 +39,7 @@
 
 namespace {
 
-// Explicit 16-lane vectors (GCC/Clang vector extensions): one AVX-512 register, two AVX2
-// ones, or whatever the target has. Key positions come in sub-chunks of 16, head dims in
-// groups of 16 (padded with zeros in the scratch buffers).
-constexpr int64_t kLanes = 16;
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef _Float16 f16x16 __attribute__((vector_size(32)));
+using namespace specd_cpu;
 
 constexpr int64_t kQueryTile = 8;  // queries of one sequence sharing every key they load
 constexpr int64_t kRowGroup = 4;   // query vectors scored and weighted together
@@ -53,54 +47,6 @@ constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: on
 constexpr int64_t kChunk = kSubChunks * kLanes;
 constexpr int64_t kMaxVecs = 16;   // head_dim up to 256
 typedef f32x16 Scores[kSubChunks];
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-template <typename T, typename F>
-inline T bitcast(const F& from) {
-  T to;
-  std::memcpy(&to, &from, sizeof(to));
-  return to;
-}
-
-// 16 contiguous values as fp32.
-inline f32x16 load16(const float* p) { return bitcast<f32x16>(*reinterpret_cast<const float(*)[16]>(p)); }
-inline f32x16 load16(const c10::BFloat16* p) {
-#ifdef __AVX512F__  // one widening load; the portable form below compiles to four instructions
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return bitcast<f32x16>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-#else
-  return bitcast<f32x16>(__builtin_convertvector(bitcast<u16x16>(*reinterpret_cast<const uint16_t(*)[16]>(p)),
-                                                 u32x16) << 16);
-#endif
-}
-inline f32x16 load16(const c10::Half* p) {
-  return __builtin_convertvector(bitcast<f16x16>(*reinterpret_cast<const uint16_t(*)[16]>(p)), f32x16);
-}
-
-// Values d .. d+15 of a row of `n` as fp32, zeros past its end.
-template <typename scalar_t>
-inline f32x16 load_part(const scalar_t* row, int64_t d, int64_t n) {
-  if (d + kLanes <= n) return load16(row + d);
-  float tail[kLanes] = {};
-  for (int64_t i = 0; d + i < n; ++i) tail[i] = static_cast<float>(row[d + i]);
-  return bitcast<f32x16>(tail);
-}
-
-// Row of `n` values as ceil(n / 16) vectors, the tail padded with zeros.
-template <typename scalar_t>
-inline void load_row(const scalar_t* src, int64_t n, f32x16* dst) {
-  for (int64_t d = 0; d < n; d += kLanes) dst[d / kLanes] = load_part(src, d, n);
-}
-
-// Sum of the 16 lanes, always in the same order.
-inline float lane_sum(f32x16 v) {
-  float lanes[kLanes];
-  std::memcpy(lanes, &v, sizeof(lanes));
-  for (int64_t width = kLanes / 2; width > 0; width /= 2) {
-    for (int64_t i = 0; i < width; ++i) lanes[i] += lanes[i + width];
-  }
-  return lanes[0];
-}
 
 // Elements per 32-bit lane of the packed key cache: the P of its [blocks, KV, Dh / P, block_size, P].
 template <typename scalar_t>
@@ -137,25 +83,6 @@ template <typename scalar_t>
 inline int64_t value_dim(int64_t v, int64_t l, int64_t n) {
   if (std::is_same_v<scalar_t, c10::BFloat16> && (v / 2 + 1) * 2 * kLanes <= n) return v / 2 * 2 * kLanes + 2 * l + v % 2;
   return v * kLanes + l;
-}
-
-// exp(x) for x <= 0, lane-wise (Cephes' expf, ~1 ulp). exp(0) is exactly 1, exp(-inf) exactly 0.
-inline f32x16 exp_nonpositive(f32x16 x) {
-  const i32x16 masked = x == kNegInf;
-  x = x < -87.0f ? f32x16{} - 87.0f : x;
-  const f32x16 y = x * 1.44269504088896341f + 0.5f;
-  i32x16 n = __builtin_convertvector(y, i32x16);  // truncates; floor for the negative y below
-  n += __builtin_convertvector(n, f32x16) > y;    // a true comparison is -1
-  const f32x16 nf = __builtin_convertvector(n, f32x16);
-  const f32x16 r = x - nf * 0.693359375f + nf * 2.12194440e-4f;
-  f32x16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const f32x16 result = p * bitcast<f32x16>((n + 127) << 23);
-  return bitcast<f32x16>(bitcast<i32x16>(result) & ~masked);
 }
 
 struct Problem {

@@ -1,8 +1,10 @@
 """The Llama model math: weights, loading, and one forward pass over a flattened batch.
 
 Numerics follow transformers' LlamaForCausalLM in the engine's dtype (RMSNorm
-statistics in fp32, as transformers computes them); the layout differs for
-speed on CPU: q/k/v and gate/up are each one fused matmul, tokens of all
+statistics in fp32, as transformers computes them): op for op in fp32; in 16-bit
+dtypes on CPU the row-wise ops (residual add + RMSNorm, RoPE, SiLU * up) are fused
+kernels that round where transformers does. The layout differs for speed on
+CPU: q/k/v and gate/up are each one fused matmul, tokens of all
 sequences are flattened into one [T, ...] batch (no padding), and the vocab
 projection runs only on the rows whose logits are wanted. Where the K/V go and
 which keys each query sees is the `PagedAttention` plan's business.
@@ -19,6 +21,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
+import kernels
 from target_svc.engine.attention import PagedAttention
 from target_svc.engine.config import EngineConfig
 from target_svc.engine.linear_cpu import LinearPlan
@@ -53,14 +56,8 @@ class Rope:
         self.sin = (freqs.sin() * scale).to(device=engine.device, dtype=engine.dtype)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, Dh/2] for broadcasting over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, Dh]; same arithmetic as transformers' `x*cos + rotate_half(x)*sin`."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        """cos, sin [T, Dh/2]."""
+        return self.cos[positions], self.sin[positions]
 
 
 def _rope_parameters(config: PretrainedConfig) -> dict:
@@ -93,12 +90,6 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, D] normalised in fp32 and cast back to its dtype (as transformers does), times weight [D]."""
-    x32 = x.float()  # no copy when x is fp32
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 class LlamaModel:
     """Weights plus the forward pass; holds no per-sequence state (that lives in the KV cache)."""
 
@@ -116,8 +107,8 @@ class LlamaModel:
         layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
         self.linear = LinearPlan.measure(layers[0].matmuls())
         self.layers = [layer.prepared(self.linear.prepare) for layer in layers]
-        self.matmul_rows_independent = self.linear.rows_independent(self.layers[0].matmuls())
         self.lm_head = self.linear.prepare(state.get("lm_head.weight", self.embed))  # [V, D]; tied when absent
+        self.matmul_rows_independent = self.linear.rows_independent(self.layers[0].matmuls() + [self.lm_head])
         self.rope = Rope(config, self.head_dim, engine)
 
     @classmethod
@@ -131,24 +122,29 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
                 logit_rows: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] (RoPE positions); logit_rows [R] -> fp32 logits [R, V]."""
-        h = F.embedding(input_ids, self.embed)  # [T, D]
+        h = F.embedding(input_ids, self.embed)  # [T, D]: the residual stream, updated in place
         cos, sin = self.rope.tables(positions)
+        x = kernels.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
-            h = h + self._attention(i, layer, rms_norm(h, layer.input_norm, self.eps), cos, sin, attention)
-            h = h + self._mlp(layer, rms_norm(h, layer.post_norm, self.eps))
+            x = kernels.add_rms_norm(h, self._attention(i, layer, x, cos, sin, attention), layer.post_norm, self.eps)
+            mlp = self._mlp(layer, x)
+            if i + 1 < len(self.layers):
+                x = kernels.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, self.eps)
+            else:
+                h.add_(mlp)
         # The norm is per row, so gathering first keeps the vocab projection to the rows wanted.
-        return self.linear(rms_norm(h[logit_rows], self.norm, self.eps), self.lm_head).float()  # the verifier needs fp32
+        last = kernels.add_rms_norm(h[logit_rows], None, self.norm, self.eps)
+        return self.linear(last, self.lm_head).float()  # the verifier needs fp32
 
     def _attention(self, i: int, layer: LayerWeights, x, cos, sin, attention: PagedAttention):
         heads, kv = self.num_heads, self.num_kv_heads
         qkv = self.linear(x, layer.qkv).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
-        qk = apply_rope(qkv[:, :heads + kv], cos, sin)  # [T, H+KV, Dh]
+        qk = kernels.rotate(qkv[:, :heads + kv], cos, sin)  # [T, H+KV, Dh]
         attention.write(i, qk[:, heads:], qkv[:, heads + kv:])
         return self.linear(attention.attend(i, qk[:, :heads]), layer.o)
 
     def _mlp(self, layer: LayerWeights, x):
-        gate, up = self.linear(x, layer.gate_up).chunk(2, dim=-1)  # [T, I] each
-        return self.linear(F.silu(gate) * up, layer.down)
+        return self.linear(kernels.silu_mul(self.linear(x, layer.gate_up)), layer.down)
 
 
 def _layer_weights(state: dict[str, torch.Tensor], prefix: str) -> LayerWeights:
