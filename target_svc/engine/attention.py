@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import kernels
 from kernels.layout import ancestor_mask, slot_elements
 from target_svc.engine.kv_cache import KVCache
+from target_svc.engine.linear_cpu import shared_runs
 
 
 @dataclass
@@ -48,6 +49,7 @@ class PagedAttention:
         self.prefill_rows = [slice(firsts[i], firsts[i + 1]) for i, p in enumerate(is_prefill) if p]
         paged = [i for i, p in enumerate(is_prefill) if not p]
         self.paged_rows = _rows([slice(firsts[i], firsts[i + 1]) for i in paged], device)
+        self.matmul_rows = matmul_rows(firsts, is_prefill)
         paged_spans = [spans[i] for i in paged]
         if paged_spans:
             width = max(len(s.blocks) for s in paged_spans)
@@ -87,6 +89,26 @@ class PagedAttention:
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                              v.transpose(0, 1)[None], is_causal=True, enable_gqa=True)  # [1, H, n, Dh]
         return out[0].transpose(0, 1)
+
+
+def matmul_rows(firsts: list[int], is_prefill: list[bool]) -> list[slice]:
+    """The row slices that each go through the matmuls as one call, covering the batch in order: a
+    prompt prefilled from its first token on its own, so that its rows meet the same kernels whatever
+    else is in the batch; the other rows in runs of at most MAX_SHARED_ROWS (shared_runs), where the
+    engine checks its matmul rows independent of the count. `firsts`: each span's first row, then the row count."""
+    rows: list[slice] = []
+    shared_from = None  # first row of the current run of non-prefill spans
+    for i, prefill in enumerate(is_prefill):
+        if prefill:
+            if shared_from is not None:
+                rows += shared_runs(shared_from, firsts[i])
+                shared_from = None
+            rows.append(slice(firsts[i], firsts[i + 1]))
+        elif shared_from is None:
+            shared_from = firsts[i]
+    if shared_from is not None:
+        rows += shared_runs(shared_from, firsts[-1])
+    return rows
 
 
 def tree_masks(spans: list[SeqSpan], device) -> tuple[torch.Tensor, torch.Tensor | None]:

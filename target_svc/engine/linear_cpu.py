@@ -21,9 +21,10 @@ In bf16 and fp16 the engine packs each weight once for oneDNN (the layout its AM
 read) with a one-row hint: measured on the Xeon, 6.7 ms instead of F.linear's 10.6 for the 30
 layers at M = 1, 8.9 instead of 13.0 at M = 32, the vocab projection 1.3 ms instead of 2.5 (cache-hot
 weights; in a real forward the 30 layers stream from memory), and each output row is bit-identical
-whatever the row count up to 128 rows (above that, the 1536-wide down projection gave rows that
-depended on the count at 150, 200 and 256 rows), so larger inputs go through in slices of 128 rows:
-the matmuls never make a row depend on the batch.
+whatever the row count up to 128 rows. Above that the 1536-wide down projection gave rows that
+depended on the count (at 150, 200 and 256 rows; slicing every call into 128 rows would cost a 512-row
+prefill 60% more), so the forward keeps larger calls to a single prompt's prefill (see
+`PagedAttention.matmul_rows`): the matmuls never make a row depend on the batch.
 """
 from __future__ import annotations
 
@@ -40,8 +41,13 @@ log = logging.getLogger(__name__)
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # Plans hold one choice per bucket; a row count goes to the smallest bucket at least as large.
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-MAX_ROWS = ROW_BUCKETS[-1]  # rows per matmul call; more go through in slices
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MAX_SHARED_ROWS = 128  # rows of different sequences per matmul call: what `rows_independent` checks
+
+
+def shared_runs(start: int, stop: int) -> list[slice]:
+    """Rows start..stop-1 in slices of at most MAX_SHARED_ROWS."""
+    return [slice(first, min(first + MAX_SHARED_ROWS, stop)) for first in range(start, stop, MAX_SHARED_ROWS)]
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -98,9 +104,14 @@ class LinearPlan:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [M, K], weight [N, K] -> [M, N]."""
-        if x.shape[0] > MAX_ROWS:
-            return torch.cat([self(x[first:first + MAX_ROWS], weight) for first in range(0, x.shape[0], MAX_ROWS)])
-        return self._choices[bisect.bisect_left(ROW_BUCKETS, x.shape[0])](x, weight)
+        bucket = min(bisect.bisect_left(ROW_BUCKETS, x.shape[0]), len(ROW_BUCKETS) - 1)
+        return self._choices[bucket](x, weight)
+
+    def by_rows(self, x: torch.Tensor, weight: torch.Tensor, rows: list[slice]) -> torch.Tensor:
+        """self(x, weight), one call per slice of rows (covering x in order)."""
+        if len(rows) == 1:
+            return self(x, weight)
+        return torch.cat([self(x[r], weight) for r in rows])
 
     @classmethod
     def torch_default(cls) -> LinearPlan:
@@ -130,9 +141,9 @@ class LinearPlan:
         on an AMX Xeon, its fp16 ones fail at K = 1536, no fp32 formulation passes)."""
         generator = torch.Generator(device=prepared[0].device).manual_seed(0)
         for weight in prepared:
-            x = torch.randn(MAX_ROWS, weight.shape[1], generator=generator, device=weight.device).to(weight.dtype)
-            alone = {row: self(x[row:row + 1], weight) for row in (0, 1, 2, 7, 16, 63, MAX_ROWS - 1)}
-            for count in (2, 3, 8, 17, 64, MAX_ROWS):
+            x = torch.randn(MAX_SHARED_ROWS, weight.shape[1], generator=generator, device=weight.device).to(weight.dtype)
+            alone = {row: self(x[row:row + 1], weight) for row in (0, 1, 2, 7, 16, 63, MAX_SHARED_ROWS - 1)}
+            for count in (2, 3, 8, 17, 64, MAX_SHARED_ROWS):
                 out = self(x[:count], weight)
                 if not all(torch.equal(out[row:row + 1], expected) for row, expected in alone.items() if row < count):
                     return False

@@ -24,7 +24,7 @@ from transformers import AutoConfig, PretrainedConfig
 import kernels
 from target_svc.engine.attention import PagedAttention
 from target_svc.engine.config import EngineConfig
-from target_svc.engine.linear_cpu import LinearPlan
+from target_svc.engine.linear_cpu import LinearPlan, shared_runs
 
 
 @dataclass
@@ -127,24 +127,25 @@ class LlamaModel:
         x = kernels.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
             x = kernels.add_rms_norm(h, self._attention(i, layer, x, cos, sin, attention), layer.post_norm, self.eps)
-            mlp = self._mlp(layer, x)
+            mlp = self._mlp(layer, x, attention.matmul_rows)
             if i + 1 < len(self.layers):
                 x = kernels.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, self.eps)
             else:
                 h.add_(mlp)
         # The norm is per row, so gathering first keeps the vocab projection to the rows wanted.
         last = kernels.add_rms_norm(h[logit_rows], None, self.norm, self.eps)
-        return self.linear(last, self.lm_head).float()  # the verifier needs fp32
+        return self.linear.by_rows(last, self.lm_head, shared_runs(0, last.shape[0])).float()  # the verifier needs fp32
 
     def _attention(self, i: int, layer: LayerWeights, x, cos, sin, attention: PagedAttention):
         heads, kv = self.num_heads, self.num_kv_heads
-        qkv = self.linear(x, layer.qkv).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
+        rows = attention.matmul_rows
+        qkv = self.linear.by_rows(x, layer.qkv, rows).view(x.shape[0], heads + 2 * kv, self.head_dim)  # [T, H+2KV, Dh]
         qk = kernels.rotate(qkv[:, :heads + kv], cos, sin)  # [T, H+KV, Dh]
         attention.write(i, qk[:, heads:], qkv[:, heads + kv:])
-        return self.linear(attention.attend(i, qk[:, :heads]), layer.o)
+        return self.linear.by_rows(attention.attend(i, qk[:, :heads]), layer.o, rows)
 
-    def _mlp(self, layer: LayerWeights, x):
-        return self.linear(kernels.silu_mul(self.linear(x, layer.gate_up)), layer.down)
+    def _mlp(self, layer: LayerWeights, x, rows: list[slice]):
+        return self.linear.by_rows(kernels.silu_mul(self.linear.by_rows(x, layer.gate_up, rows)), layer.down, rows)
 
 
 def _layer_weights(state: dict[str, torch.Tensor], prefix: str) -> LayerWeights:

@@ -26,3 +26,15 @@ def test_bf16_logits_are_the_same_decoded_alone_or_verified_among_drafts_beside_
     crowded.forward([SequenceInput("s", prompt, 0, 1), SequenceInput("x", other[:50], 0, 1)])
     verified = crowded.forward([SequenceInput("o", [5, 6, 7], 300, 3), SequenceInput("s", drafts, 37, 6)])[3:]
     assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))
+
+
+def test_bf16_a_prompt_prefilled_beside_long_ones_gets_the_logits_it_gets_alone():
+    """Over 128 rows a matmul's rows may depend on the count (oneDNN's bf16 down projection did at 150-256
+    rows): each prompt's prefill goes through the matmuls on its own."""
+    gen = torch.Generator().manual_seed(1)
+    prompt, long_one, other = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (60, 140, 30))
+    runner = ModelRunner(resolve_model(), kv_cache_tokens=1024, engine=EngineConfig(dtype=torch.bfloat16))
+    alone = runner.forward([SequenceInput("alone", prompt, 0, 1)])[0]
+    together = runner.forward([SequenceInput("long", long_one, 0, 1), SequenceInput("s", prompt, 0, 1),
+                               SequenceInput("o", other, 0, 1)])[1]
+    assert torch.equal(alone, together)

@@ -2,7 +2,7 @@
 import torch
 
 from kernels import reference
-from target_svc.engine.attention import PagedAttention, SeqSpan, tree_masks
+from target_svc.engine.attention import PagedAttention, SeqSpan, matmul_rows, tree_masks
 from target_svc.engine.kv_cache import KVCache
 
 
@@ -61,3 +61,10 @@ def test_attend_reads_what_write_put_in_the_cache():
                                          torch.tensor([0, 2, 5]), torch.tensor([6, 0]), None, torch.tensor([-1, -1]),
                                          4, 8 ** -0.5)
     assert torch.allclose(step.attend(1, q), expected.flatten(1), atol=1e-5)
+
+
+def test_a_prefilled_prompt_goes_through_the_matmuls_on_its_own_and_the_rest_in_runs_of_at_most_128():
+    # spans: decode, decode, a 298-token prompt, 200 verification rows; firsts end with the row count
+    firsts, is_prefill = [0, 1, 2, 300, 500], [False, False, True, False]
+    assert matmul_rows(firsts, is_prefill) == [slice(0, 2), slice(2, 300), slice(300, 428), slice(428, 500)]
+    assert matmul_rows([0, 40], [True]) == [slice(0, 40)]

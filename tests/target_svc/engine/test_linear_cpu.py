@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from target_svc.engine.linear_cpu import MAX_ROWS, PACKED, ROW_BUCKETS, LinearPlan, formulations
+from target_svc.engine.linear_cpu import PACKED, ROW_BUCKETS, LinearPlan, formulations
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -42,15 +42,11 @@ def test_rows_go_to_the_smallest_bucket_that_holds_them():
     torch.testing.assert_close(plan(x, weight), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
-def test_more_rows_than_the_largest_bucket_go_through_in_slices_of_it():
-    calls = []
+def test_rows_go_through_in_the_slices_given():
     plan = LinearPlan(("F.linear",) * len(ROW_BUCKETS))
-    plan._choices = tuple(lambda x, w: calls.append(x.shape[0]) or torch.nn.functional.linear(x, w)
-                          for _ in ROW_BUCKETS)
-    x, weight = random_matrix(2 * MAX_ROWS + 5, 48, seed=6), random_matrix(80, 48, seed=1)
-    assert torch.equal(plan(x, weight), torch.cat([torch.nn.functional.linear(x[i:i + MAX_ROWS], weight)
-                                                   for i in (0, MAX_ROWS, 2 * MAX_ROWS)]))
-    assert calls == [MAX_ROWS, MAX_ROWS, 5]
+    x, weight = random_matrix(300, 48, seed=6), random_matrix(80, 48, seed=1)
+    torch.testing.assert_close(plan.by_rows(x, weight, [slice(0, 200), slice(200, 300)]),
+                               torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
 def test_bf16_weights_are_packed_once_and_a_rows_result_does_not_depend_on_the_batch():
