@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import kernels
 from kernels.layout import ancestor_mask, slot_elements
 from target_svc.engine.kv_cache import KVCache
-from target_svc.engine.linear_cpu import shared_runs
+from target_svc.engine.linear_cpu import MAX_SHARED_ROWS, shared_runs
 
 
 @dataclass
@@ -92,23 +92,18 @@ class PagedAttention:
 
 
 def matmul_rows(firsts: list[int], is_prefill: list[bool]) -> list[slice]:
-    """The row slices that each go through the matmuls as one call, covering the batch in order: a
-    prompt prefilled from its first token on its own, so that its rows meet the same kernels whatever
-    else is in the batch; the other rows in runs of at most MAX_SHARED_ROWS (shared_runs), where the
-    engine checks its matmul rows independent of the count. `firsts`: each span's first row, then the row count."""
+    """The row slices that each go through the matmuls as one call, covering the batch in order. Up to
+    MAX_SHARED_ROWS rows the engine checks that a matmul's rows do not depend on the row count, so the
+    rows go in runs of at most that many, except a prompt prefilled from its first token with more
+    rows than that: it goes on its own, so that its rows meet the same kernel whatever else is in the
+    batch. `firsts`: each span's first row, then the row count."""
     rows: list[slice] = []
-    shared_from = None  # first row of the current run of non-prefill spans
+    shared_from = 0  # first row of the current run
     for i, prefill in enumerate(is_prefill):
-        if prefill:
-            if shared_from is not None:
-                rows += shared_runs(shared_from, firsts[i])
-                shared_from = None
-            rows.append(slice(firsts[i], firsts[i + 1]))
-        elif shared_from is None:
-            shared_from = firsts[i]
-    if shared_from is not None:
-        rows += shared_runs(shared_from, firsts[-1])
-    return rows
+        if prefill and firsts[i + 1] - firsts[i] > MAX_SHARED_ROWS:
+            rows += shared_runs(shared_from, firsts[i]) + [slice(firsts[i], firsts[i + 1])]
+            shared_from = firsts[i + 1]
+    return rows + shared_runs(shared_from, firsts[-1])
 
 
 def tree_masks(spans: list[SeqSpan], device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -63,8 +63,9 @@ def test_attend_reads_what_write_put_in_the_cache():
     assert torch.allclose(step.attend(1, q), expected.flatten(1), atol=1e-5)
 
 
-def test_a_prefilled_prompt_goes_through_the_matmuls_on_its_own_and_the_rest_in_runs_of_at_most_128():
-    # spans: decode, decode, a 298-token prompt, 200 verification rows; firsts end with the row count
-    firsts, is_prefill = [0, 1, 2, 300, 500], [False, False, True, False]
-    assert matmul_rows(firsts, is_prefill) == [slice(0, 2), slice(2, 300), slice(300, 428), slice(428, 500)]
+def test_a_long_prompt_goes_through_the_matmuls_on_its_own_and_the_rest_in_runs_of_at_most_128():
+    # spans: decode, decode, a 298-token prompt, 200 verification rows, a 100-token prompt; then the row count
+    firsts, is_prefill = [0, 1, 2, 300, 500, 600], [False, False, True, False, True]
+    assert matmul_rows(firsts, is_prefill) == [slice(0, 2), slice(2, 300), slice(300, 428), slice(428, 556),
+                                               slice(556, 600)]
     assert matmul_rows([0, 40], [True]) == [slice(0, 40)]
