@@ -24,6 +24,10 @@
 #include <immintrin.h>
 #endif
 #include <torch/library.h>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "vec.h"
 
@@ -33,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -47,6 +52,38 @@ constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: on
 constexpr int64_t kChunk = kSubChunks * kLanes;
 constexpr int64_t kMaxVecs = 16;   // head_dim up to 256
 typedef f32x16 Scores[kSubChunks];
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// AMX: bf16 scores as tile products of up to 16 query rows by 16 positions. Tile 0 holds the scores
+// (16 x 16 fp32), tile 1 a 32-dim slice of 16 query rows, tile 2 the same 32 dims of 16 positions: 16
+// rows of the packed key block, each a position's dim pair side by side, the layout the instruction
+// reads. Each score is its own dot product, so a row's scores do not depend on the other rows.
+constexpr int64_t kTileRows = 16, kTileDims = 32;
+
+// Linux lends the tile registers to a process that asks; asked once, the answer kept for good.
+bool amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return granted;
+}
+
+// The tile shapes above, configured on the calling thread for its lifetime in scope.
+class TileRegisters {
+ public:
+  TileRegisters() {
+    struct {
+      uint8_t palette = 1, start_row = 0, reserved[14] = {};
+      uint16_t bytes_per_row[16] = {};
+      uint8_t rows[16] = {};
+    } config;
+    for (int tile = 0; tile < 3; ++tile) {
+      config.bytes_per_row[tile] = 64;
+      config.rows[tile] = kTileRows;
+    }
+    _tile_loadconfig(&config);
+  }
+  ~TileRegisters() { _tile_release(); }
+};
+#endif
 
 // Elements per 32-bit lane of the packed key cache: the P of its [blocks, KV, Dh / P, block_size, P].
 template <typename scalar_t>
@@ -94,6 +131,7 @@ struct Problem {
   const int64_t* context_start;
   const int64_t* tree_offsets;
   const bool* tree_mask;  // nullptr when every sequence is a chain
+  bool amx;               // bf16 scores by AMX tile products (see TileRegisters)
 };
 
 // One unit of work: queries [first, last) of sequence `seq`, for the query heads of KV heads
@@ -129,10 +167,11 @@ class TileAttention {
         first_new_(t.first - p.query_start[t.seq]),
         tree_(p.tree_offsets[t.seq]),
         table_(p.block_tables + t.seq * p.table_width),
-        q_(rows_ * p.head_dim), q_lanes_(rows_ * lanes_), acc_(rows_ * vecs_, f32x16{}),
+        q_(rows_ * p.head_dim), q_lanes_((rows_ + 15) / 16 * 16 * lanes_, 0), acc_(rows_ * vecs_, f32x16{}),
         keys_t_(kDotProducts ? 0 : kSubChunks * p.head_dim),
         gathered_(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim),
-        visible_(queries_ * kSubChunks), max_(rows_, kNegInf), sum_(rows_, 0.0f) {}
+        chunk_scores_(p.amx ? rows_ * kSubChunks : 0), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
+        sum_(rows_, 0.0f) {}
 
   // Past every position a query of the tile sees.
   int64_t limit() const { return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_; }
@@ -143,6 +182,7 @@ class TileAttention {
     find_values(value_cache, chunk);
     mark_visible(chunk);
     if constexpr (!kDotProducts) unpack_chunk();
+    if (p_.amx) tile_scores();
     for (int64_t r = 0; r < rows_; r += kRowGroup) {
       switch (std::min(kRowGroup, rows_ - r)) {
         case 1: attend_rows<1>(r); break;
@@ -257,7 +297,9 @@ class TileAttention {
   template <int N>
   void attend_rows(int64_t first_row) {
     Scores scores[N] = {};
-    if constexpr (kDotProducts) {
+    if (p_.amx) {
+      for (int i = 0; i < N; ++i) std::copy_n(&chunk_scores_[(first_row + i) * kSubChunks], kSubChunks, scores[i]);
+    } else if constexpr (kDotProducts) {
       dot_scores<N>(first_row, scores);
     } else {
       fma_scores<N>(first_row, scores);
@@ -317,6 +359,32 @@ class TileAttention {
 #else
   template <int N>
   void dot_scores(int64_t, Scores*) const {}
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  // Every row's scores for the chunk (chunk_scores_[r * 4 + c]), 16 rows by 16 positions a tile
+  // product, summed over the head dims 32 at a time. Query rows past rows_ are zeros.
+  void tile_scores() {
+    alignas(64) float tile[kTileRows * kLanes];
+    const auto* queries = reinterpret_cast<const uint16_t*>(q_lanes_.data());
+    for (int64_t first = 0; first < rows_; first += kTileRows) {
+      for (int64_t c = 0; c < kSubChunks; ++c) {
+        if (groups_[c] == nullptr) continue;  // never seen: softmax() masks it
+        _tile_zero(0);
+        for (int64_t d = 0; d < p_.head_dim; d += kTileDims) {
+          _tile_loadd(1, queries + first * p_.head_dim + d, p_.head_dim * sizeof(uint16_t));
+          _tile_loadd(2, groups_[c] + d / P * stride_[c], stride_[c] * sizeof(scalar_t));
+          _tile_dpbf16ps(0, 1, 2);
+        }
+        _tile_stored(0, tile, kLanes * sizeof(float));
+        for (int64_t r = first; r < std::min(first + kTileRows, rows_); ++r) {
+          chunk_scores_[r * kSubChunks + c] = load16(&tile[(r - first) * kLanes]) * p_.scale;
+        }
+      }
+    }
+  }
+#else
+  void tile_scores() {}
 #endif
 
   // Online softmax: folds one chunk's scores into row r's running max and sum and turns them into the
@@ -382,6 +450,7 @@ class TileAttention {
   std::vector<uint32_t> q_lanes_;           // [rows][Dh / P]: the query as stored, P dims to a lane
   std::vector<f32x16> acc_, keys_t_;        // [rows][vecs] (in load_values' order); [4][Dh] (see unpack_chunk)
   std::vector<scalar_t> gathered_;          // [4][Dh / P][16][P] (see find_keys)
+  std::vector<f32x16> chunk_scores_;        // [rows][4]: the chunk's scores, where AMX computes them at once
   int64_t count_ = 0;                       // positions of the chunk up to the limit
   const scalar_t* groups_[kSubChunks];
   int64_t stride_[kSubChunks];
@@ -442,10 +511,24 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
   std::atomic<size_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
   at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t begin, int64_t end) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    std::optional<TileRegisters> registers;
+    if (problem.amx) registers.emplace();
+#endif
     for (int64_t worker = begin; worker < end; ++worker) {
       for (size_t i = next++; i < tiles.size(); i = next++) run_tile(problem, tiles[i], q, k, v, o);
     }
   });
+}
+
+// AMX where it is compiled in, granted, and the head dim fills whole tiles. Fixed for a given model on a
+// given machine, so every query of a deployment is scored the same way.
+bool uses_amx(const at::Tensor& query) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  return query.scalar_type() == at::kBFloat16 && query.size(2) % kTileDims == 0 && amx_granted();
+#else
+  return false;
+#endif
 }
 
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
@@ -479,7 +562,8 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
   const Problem problem{query.size(1), value_cache.size(1), query.size(2), block_size, block_tables.size(1),
                         query.stride(0), static_cast<float>(scale), block_tables.data_ptr<int64_t>(),
                         query_start.data_ptr<int64_t>(), context_start.data_ptr<int64_t>(),
-                        tree_offsets.data_ptr<int64_t>(), mask.defined() ? mask.data_ptr<bool>() : nullptr};
+                        tree_offsets.data_ptr<int64_t>(), mask.defined() ? mask.data_ptr<bool>() : nullptr,
+                        uses_amx(query)};
   const std::vector<Tile> tiles = tiles_by_cost(problem, num_seqs, at::get_num_threads());
   at::Tensor out = at::empty(query.sizes(), query.options());
   switch (query.scalar_type()) {
