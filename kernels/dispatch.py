@@ -68,7 +68,7 @@ def _attention_module(device: torch.device) -> ModuleType:
 
 
 def packs_keys(device: torch.device) -> bool:
-    """Whether the attention kernel for `device` reads the packed key cache (kernels.layout): the C++ and
+    """Whether the attention kernel for `device` reads packed caches (kernels.layout): the C++ and
     reference kernels do, the Triton kernel reads [slots, KV, Dh]."""
     return attention_backend(device) != "triton"
 

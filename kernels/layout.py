@@ -48,30 +48,50 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-# The key cache on CPU is packed: [num_blocks, KV, Dh / P, block_size, P], P = 4 // element size. A block's
-# keys are dimension-major with P dims to a 32-bit lane, so the next P dims of 16 positions are one 64-byte
-# load (and, for bf16, one AVX512-BF16 dot-product operand). The Triton kernels read [slots, KV, Dh].
-# Either way an entry is addressed by its slot = block * block_size + offset.
+# On CPU the caches are packed by block, P = 4 // element size elements to a 32-bit lane (2 in bf16/fp16,
+# 1 in fp32), as AVX512-BF16 dot products and AMX tiles read them (vLLM's CPU kernels call it VNNI):
+#   keys   [num_blocks, KV, Dh / P, block_size, P]: dimension-major, P dims of a position side by side,
+#          so the next P dims of 16 positions are one 64-byte load;
+#   values [num_blocks, KV, block_size / P, Dh * P]: position-major, each dim of P consecutive positions
+#          side by side, so 16 dims of P positions are one 64-byte load.
+# The Triton kernels read [slots, KV, Dh] for both. Any way, an entry is addressed by its slot =
+# block * block_size + offset; the pools tell their layout by their rank (5: keys, 4: values, 3: plain).
 
-def key_pack(dtype: torch.dtype) -> int:
-    """P: key dims per 32-bit lane of the packed key cache (1 for fp32, 2 for 16-bit types)."""
+def pack_of(dtype: torch.dtype) -> int:
+    """P: elements of a packed cache per 32-bit lane (1 for fp32, 2 for 16-bit types)."""
     return max(1, 4 // dtype.itemsize)
 
 
 def packed_key_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                      dtype: torch.dtype) -> tuple[int, ...]:
-    pack = key_pack(dtype)
+    pack = pack_of(dtype)
     if head_dim % pack:
-        raise ValueError(f"head_dim {head_dim} is not a multiple of {pack}, the {dtype} key pack")
+        raise ValueError(f"head_dim {head_dim} is not a multiple of {pack}, the {dtype} pack")
     return num_blocks, num_kv_heads, head_dim // pack, block_size, pack
 
 
+def packed_value_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> tuple[int, ...]:
+    pack = pack_of(dtype)
+    if block_size % pack:
+        raise ValueError(f"block_size {block_size} is not a multiple of {pack}, the {dtype} pack")
+    return num_blocks, num_kv_heads, block_size // pack, head_dim * pack
+
+
 def pack_keys(keys: torch.Tensor, block_size: int) -> torch.Tensor:
-    """[slots, KV, Dh] -> the packed layout of the same keys (a copy)."""
-    num_slots, kv_heads, head_dim = keys.shape
-    shape = packed_key_shape(num_slots // block_size, block_size, kv_heads, head_dim, keys.dtype)
-    packed = keys.new_empty(shape)
-    write_slots(packed, torch.arange(num_slots, device=keys.device), keys)
+    """[slots, KV, Dh] -> the packed key layout of the same entries (a copy)."""
+    return _packed(keys, block_size, packed_key_shape)
+
+
+def pack_values(values: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[slots, KV, Dh] -> the packed value layout of the same entries (a copy)."""
+    return _packed(values, block_size, packed_value_shape)
+
+
+def _packed(entries: torch.Tensor, block_size: int, shape_of) -> torch.Tensor:
+    num_slots, kv_heads, head_dim = entries.shape
+    packed = entries.new_empty(shape_of(num_slots // block_size, block_size, kv_heads, head_dim, entries.dtype))
+    write_slots(packed, torch.arange(num_slots, device=entries.device), entries)
     return packed
 
 
@@ -94,11 +114,23 @@ def slot_elements(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     slots = slots[:, None, None]
     if pool.dim() == 3:
         return ((slots * kv_heads + heads) * head_dim + dims).flatten()
-    _, _, groups, block_size, pack = pool.shape
+    pack = pack_of(pool.dtype)
+    if pool.dim() == 5:  # keys
+        block_size = pool.shape[3]
+        blocks, offsets = slots // block_size, slots % block_size
+        groups = head_dim // pack
+        return ((((blocks * kv_heads + heads) * groups + dims // pack) * block_size + offsets) * pack
+                + dims % pack).flatten()
+    block_size = pool.shape[2] * pack  # values
     blocks, offsets = slots // block_size, slots % block_size
-    return ((((blocks * kv_heads + heads) * groups + dims // pack) * block_size + offsets) * pack + dims % pack).flatten()
+    return ((((blocks * kv_heads + heads) * (block_size // pack) + offsets // pack) * head_dim + dims) * pack
+            + offsets % pack).flatten()
 
 
 def _entry_shape(pool: torch.Tensor) -> tuple[int, int]:
-    """(KV, Dh) of a packed or [slots, KV, Dh] pool."""
-    return (pool.shape[1], pool.shape[2] * pool.shape[4]) if pool.dim() == 5 else (pool.shape[1], pool.shape[2])
+    """(KV, Dh) of a pool in any of the layouts."""
+    if pool.dim() == 5:
+        return pool.shape[1], pool.shape[2] * pool.shape[4]
+    if pool.dim() == 4:
+        return pool.shape[1], pool.shape[3] // pack_of(pool.dtype)
+    return pool.shape[1], pool.shape[2]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.dispatch import packs_keys
-from kernels.layout import ancestor_mask, pack_keys, target_row_offsets
+from kernels.layout import ancestor_mask, pack_keys, pack_values, target_row_offsets
 
 
 @dataclass
@@ -86,7 +86,7 @@ class AttentionBatch:
     """Every input of `paged_attention`, for one random batch over a shuffled paged cache."""
     query: torch.Tensor  # [T, H, Dh]
     key_cache: torch.Tensor  # packed (kernels.layout) or [slots, KV, Dh]
-    value_cache: torch.Tensor  # [slots, KV, Dh]
+    value_cache: torch.Tensor  # likewise
     block_tables: torch.Tensor  # [B, W]
     query_start: torch.Tensor  # [B+1]
     context_start: torch.Tensor  # [B]
@@ -102,10 +102,10 @@ class AttentionBatch:
 def random_attention_batch(num_new: list[int], cached: list[int], *, trees: frozenset[int] = frozenset(),
                            heads: int = 9, kv_heads: int = 3, head_dim: int = 64, block_size: int = 16,
                            dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = "cpu",
-                           packed_keys: bool | None = None) -> AttentionBatch:
+                           packed: bool | None = None) -> AttentionBatch:
     """Sequence b brings num_new[b] queries after cached[b] cached tokens; the sequences in `trees`
-    get random token trees, the others are chains. Blocks are spread over the cache at random. Keys are
-    packed where the device's kernel reads them so (packs_keys), unless `packed_keys` says otherwise."""
+    get random token trees, the others are chains. Blocks are spread over the cache at random. The caches
+    are packed where the device's kernel reads them so (packs_keys), unless `packed` says otherwise."""
     gen = torch.Generator().manual_seed(seed)
     width = max(-(-(c + n) // block_size) for c, n in zip(cached, num_new))
     num_blocks = len(num_new) * width + 1
@@ -119,12 +119,12 @@ def random_attention_batch(num_new: list[int], cached: list[int], *, trees: froz
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
 
-    keys = randn(num_blocks * block_size, kv_heads, head_dim)
-    if packed_keys if packed_keys is not None else packs_keys(torch.device(device)):
-        keys = pack_keys(keys, block_size)
+    keys, values = (randn(num_blocks * block_size, kv_heads, head_dim) for _ in range(2))
+    if packed if packed is not None else packs_keys(torch.device(device)):
+        keys, values = pack_keys(keys, block_size), pack_values(values, block_size)
     return AttentionBatch(
-        query=randn(sum(num_new), heads, head_dim), key_cache=keys,
-        value_cache=randn(num_blocks * block_size, kv_heads, head_dim), block_tables=tables.to(device),
+        query=randn(sum(num_new), heads, head_dim), key_cache=keys, value_cache=values,
+        block_tables=tables.to(device),
         query_start=torch.tensor([0, *num_new], device=device).cumsum(0),
         context_start=torch.tensor(cached, dtype=torch.int64, device=device),
         tree_mask=torch.cat(masks).to(device) if masks else None,

@@ -11,8 +11,8 @@
 // Layout (see kernels/reference/attention.py, the specification, and kernels/layout.py):
 //   query [T, H, Dh] (rows may be strided); key_cache packed [num_blocks, KV, Dh / P, block_size, P]
 //   (P = 4 / sizeof(element): the keys of a block are dimension-major, P dims to a 32-bit lane, so 16
-//   positions' next P dims are one 64-byte load); value_cache [num_slots, KV, Dh] with slot =
-//   block * block_size + offset; block_tables [B, W]; query_start [B+1] (sequence b
+//   positions' next P dims are one 64-byte load); value_cache packed [num_blocks, KV, block_size / P,
+//   Dh * P] (each dim of P consecutive positions side by side); slot = block * block_size + offset; block_tables [B, W]; query_start [B+1] (sequence b
 //   owns query rows query_start[b] .. query_start[b+1]-1, its new tokens, whose
 //   K/V already sit at positions context_start[b] + i); tree_offsets [B]: -1 for
 //   a chain (new token i sees positions 0 .. context_start + i), else the offset
@@ -52,13 +52,17 @@ constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: on
 constexpr int64_t kChunk = kSubChunks * kLanes;
 constexpr int64_t kMaxVecs = 16;   // head_dim up to 256
 typedef f32x16 Scores[kSubChunks];
+constexpr int64_t kTileRows = 16;  // query rows per AMX tile (see below)
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// AMX: bf16 scores as tile products of up to 16 query rows by 16 positions. Tile 0 holds the scores
-// (16 x 16 fp32), tile 1 a 32-dim slice of 16 query rows, tile 2 the same 32 dims of 16 positions: 16
-// rows of the packed key block, each a position's dim pair side by side, the layout the instruction
-// reads. Each score is its own dot product, so a row's scores do not depend on the other rows.
-constexpr int64_t kTileRows = 16, kTileDims = 32;
+// AMX: bf16 attention as tile products of up to 16 query rows at a time. Scores: tile 1 holds a 32-dim
+// slice of 16 query rows, tile 2 the same 32 dims of 16 positions (16 rows of the packed key block,
+// each a position's dim pair side by side, the layout the instruction reads), tile 0 their 16 x 16
+// fp32 products. Values: tile 3 holds 16 rows' weights (bf16) for 16 positions, tile 4 16 dims of
+// those positions (8 rows of the packed value block, each dim's position pair side by side), tiles
+// 0, 5, 6, 7 the products for 64 dims. Each output is its own dot product, so a row's results do not
+// depend on the other rows.
+constexpr int64_t kTileDims = 32, kValueTileDims = 64;
 
 // Linux lends the tile registers to a process that asks; asked once, the answer kept for good.
 bool amx_granted() {
@@ -75,10 +79,12 @@ class TileRegisters {
       uint16_t bytes_per_row[16] = {};
       uint8_t rows[16] = {};
     } config;
-    for (int tile = 0; tile < 3; ++tile) {
+    for (int tile = 0; tile < 8; ++tile) {
       config.bytes_per_row[tile] = 64;
       config.rows[tile] = kTileRows;
     }
+    config.bytes_per_row[3] = 32;  // 16 positions' weights, bf16
+    config.rows[4] = 8;            // 8 position pairs
     _tile_loadconfig(&config);
   }
   ~TileRegisters() { _tile_release(); }
@@ -102,24 +108,22 @@ inline void unpack_keys(const c10::Half* group, f32x16* dims) {
   dims[1] = __builtin_convertvector(bitcast<f16x16>(__builtin_convertvector(lanes >> 16, u16x16)), f32x16);
 }
 
-// A value row as fp32 vectors. bf16 rows go 32 dims at a time, unpacked as pairs: vector 2j holds the
-// even dims of dims 32j .. 32j+31 and vector 2j+1 the odd ones (value_dim() maps them back); a tail of
-// fewer than 32 dims, and other types, go in order, 16 dims to a vector (zeros past the row's end).
+// One position's values as fp32 vectors, 16 dims to a vector (zeros past the n dims), from the row of
+// its P positions in the packed value cache (each dim's P values side by side); `lane` picks the position.
+inline void load_values(const float* row, int64_t, int64_t n, f32x16* dst) { load_row(row, n, dst); }
 template <typename scalar_t>
-inline void load_values(const scalar_t* row, int64_t n, f32x16* dst) {
-  load_row(row, n, dst);
-}
-inline void load_values(const c10::BFloat16* row, int64_t n, f32x16* dst) {
-  int64_t d = 0;
-  for (; d + 2 * kLanes <= n; d += 2 * kLanes, dst += 2) unpack_keys(row + d, dst);
-  load_row(row + d, n - d, dst);
-}
-
-// The head dim that lane l of vector v of load_values() holds.
-template <typename scalar_t>
-inline int64_t value_dim(int64_t v, int64_t l, int64_t n) {
-  if (std::is_same_v<scalar_t, c10::BFloat16> && (v / 2 + 1) * 2 * kLanes <= n) return v / 2 * 2 * kLanes + 2 * l + v % 2;
-  return v * kLanes + l;
+inline void load_values(const scalar_t* row, int64_t lane, int64_t n, f32x16* dst) {
+  for (int64_t d = 0; d < n; d += kLanes) {
+    if (d + kLanes <= n) {
+      f32x16 both[2];
+      unpack_keys(row + 2 * d, both);  // the same lane split as a key group: position 0 low, 1 high
+      dst[d / kLanes] = both[lane];
+    } else {
+      float tail[kLanes] = {};
+      for (int64_t i = 0; d + i < n; ++i) tail[i] = static_cast<float>(row[2 * (d + i) + lane]);
+      dst[d / kLanes] = bitcast<f32x16>(tail);
+    }
+  }
 }
 
 struct Problem {
@@ -167,10 +171,11 @@ class TileAttention {
         first_new_(t.first - p.query_start[t.seq]),
         tree_(p.tree_offsets[t.seq]),
         table_(p.block_tables + t.seq * p.table_width),
-        q_(rows_ * p.head_dim), q_lanes_((rows_ + 15) / 16 * 16 * lanes_, 0), acc_(rows_ * vecs_, f32x16{}),
+        q_(rows_ * p.head_dim), q_lanes_((rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_, 0), acc_(rows_ * vecs_, f32x16{}),
         keys_t_(kDotProducts ? 0 : kSubChunks * p.head_dim),
         gathered_(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim),
-        chunk_scores_(p.amx ? rows_ * kSubChunks : 0), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
+        chunk_scores_(p.amx ? rows_ * kSubChunks : 0), rescale_(p.amx ? rows_ : 0),
+        weights_(p.amx ? kTileRows * kChunk : 0), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
         sum_(rows_, 0.0f) {}
 
   // Past every position a query of the tile sees.
@@ -178,11 +183,12 @@ class TileAttention {
 
   void attend(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk) {
     count_ = std::min(kChunk, limit() - chunk);
+    chunk_ = chunk;
     find_keys(key_cache, chunk);
     find_values(value_cache, chunk);
     mark_visible(chunk);
+    if (p_.amx) return attend_tiles();
     if constexpr (!kDotProducts) unpack_chunk();
-    if (p_.amx) tile_scores();
     for (int64_t r = 0; r < rows_; r += kRowGroup) {
       switch (std::min(kRowGroup, rows_ - r)) {
         case 1: attend_rows<1>(r); break;
@@ -213,7 +219,7 @@ class TileAttention {
         for (int64_t v = 0; v < vecs_; ++v) {
           std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
           for (int64_t l = 0; l < kLanes && v * kLanes + l < p_.head_dim; ++l) {
-            dst[value_dim<scalar_t>(v, l, p_.head_dim)] = static_cast<scalar_t>(row[l] / sum_[r]);
+            dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
           }
         }
       }
@@ -250,11 +256,12 @@ class TileAttention {
     }
   }
 
-  // The value row of each of the chunk's positions.
+  // Each of the chunk's positions' row of P positions in the packed value cache (its lane: position % P).
   void find_values(const scalar_t* value_cache, int64_t chunk) {
     int64_t block = chunk / p_.block_size, offset = chunk % p_.block_size;  // walked, not divided, per key
     for (int64_t j = 0; j < count_; ++j) {
-      value_rows_[j] = value_cache + ((table_[block] * p_.block_size + offset) * p_.num_kv_heads + kv_head_) * p_.head_dim;
+      value_rows_[j] = value_cache + ((table_[block] * p_.num_kv_heads + kv_head_) * p_.block_size + offset / P * P) *
+                                         p_.head_dim;
       if (++offset == p_.block_size) {
         offset = 0;
         ++block;
@@ -297,9 +304,7 @@ class TileAttention {
   template <int N>
   void attend_rows(int64_t first_row) {
     Scores scores[N] = {};
-    if (p_.amx) {
-      for (int i = 0; i < N; ++i) std::copy_n(&chunk_scores_[(first_row + i) * kSubChunks], kSubChunks, scores[i]);
-    } else if constexpr (kDotProducts) {
+    if constexpr (kDotProducts) {
       dot_scores<N>(first_row, scores);
     } else {
       fma_scores<N>(first_row, scores);
@@ -383,8 +388,58 @@ class TileAttention {
       }
     }
   }
+
+  // The whole chunk for every row: the scores, each row's online softmax, then the weighted values,
+  // 16 rows by 64 dims a pass, accumulated over the chunk's 16-position sub-chunks.
+  void attend_tiles() {
+    tile_scores();
+    bool any = false;
+    for (int64_t r = 0; r < rows_; ++r) {
+      any |= softmax(r, *reinterpret_cast<Scores*>(&chunk_scores_[r * kSubChunks]), rescale_[r]);
+    }
+    if (!any) return;  // nothing visible here: every row's state stays exactly as it was
+    alignas(64) float products[4][kTileRows * kLanes];
+    const int64_t pair_row = p_.head_dim * P * sizeof(scalar_t);  // bytes between a block's position pairs
+    for (int64_t first = 0; first < rows_; first += kTileRows) {
+      const int64_t last = std::min(first + kTileRows, rows_);
+      for (int64_t r = first; r < last; ++r) {
+        for (int64_t c = 0; c < kSubChunks; ++c) {
+          store16(chunk_scores_[r * kSubChunks + c], &weights_[(r - first) * kChunk + c * kLanes]);
+        }
+      }
+      for (int64_t d = 0; d < p_.head_dim; d += kValueTileDims) {
+        _tile_zero(0);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int64_t c = 0; c < kSubChunks; ++c) {
+          if (groups_[c] == nullptr) continue;  // past the limit
+          _tile_loadd(3, &weights_[c * kLanes], kChunk * sizeof(scalar_t));
+          const scalar_t* values = value_rows_[c * kLanes] + d * P;  // one block holds the 16 positions
+          _tile_loadd(4, values, pair_row);
+          _tile_dpbf16ps(0, 3, 4);
+          _tile_loadd(4, values + kLanes * P, pair_row);
+          _tile_dpbf16ps(5, 3, 4);
+          _tile_loadd(4, values + 2 * kLanes * P, pair_row);
+          _tile_dpbf16ps(6, 3, 4);
+          _tile_loadd(4, values + 3 * kLanes * P, pair_row);
+          _tile_dpbf16ps(7, 3, 4);
+        }
+        _tile_stored(0, products[0], kLanes * sizeof(float));
+        _tile_stored(5, products[1], kLanes * sizeof(float));
+        _tile_stored(6, products[2], kLanes * sizeof(float));
+        _tile_stored(7, products[3], kLanes * sizeof(float));
+        for (int64_t r = first; r < last; ++r) {
+          for (int64_t s = 0; s < 4; ++s) {
+            f32x16& acc = acc_[r * vecs_ + d / kLanes + s];
+            acc = acc * rescale_[r] + load16(&products[s][(r - first) * kLanes]);
+          }
+        }
+      }
+    }
+  }
 #else
-  void tile_scores() {}
+  void attend_tiles() {}
 #endif
 
   // Online softmax: folds one chunk's scores into row r's running max and sum and turns them into the
@@ -430,7 +485,7 @@ class TileAttention {
     }
     for (int64_t j = 0; j < count_; ++j) {
       f32x16 values[kMost];
-      load_values(value_rows_[j], p_.head_dim, values);
+      load_values(value_rows_[j], (chunk_ + j) % P, p_.head_dim, values);
       for (int i = 0; i < N; ++i) {
         for (int64_t v = 0; v < vecs; ++v) sums[i][v] += w[i][j] * values[v];
       }
@@ -448,10 +503,12 @@ class TileAttention {
   const int64_t* table_;
   std::vector<float> q_;                    // [rows][Dh], scaled
   std::vector<uint32_t> q_lanes_;           // [rows][Dh / P]: the query as stored, P dims to a lane
-  std::vector<f32x16> acc_, keys_t_;        // [rows][vecs] (in load_values' order); [4][Dh] (see unpack_chunk)
+  std::vector<f32x16> acc_, keys_t_;        // [rows][vecs]; [4][Dh] (see unpack_chunk)
   std::vector<scalar_t> gathered_;          // [4][Dh / P][16][P] (see find_keys)
-  std::vector<f32x16> chunk_scores_;        // [rows][4]: the chunk's scores, where AMX computes them at once
-  int64_t count_ = 0;                       // positions of the chunk up to the limit
+  std::vector<f32x16> chunk_scores_;        // with AMX, [rows][4]: the chunk's scores, then weights
+  std::vector<float> rescale_;              // with AMX, [rows]: the chunk's rescale of each row's sums
+  std::vector<scalar_t> weights_;           // with AMX, [16][64]: a tile's rows' weights as the model dtype
+  int64_t chunk_ = 0, count_ = 0;           // the chunk's first position; its positions up to the limit
   const scalar_t* groups_[kSubChunks];
   int64_t stride_[kSubChunks];
   const scalar_t* value_rows_[kChunk];
@@ -521,11 +578,12 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
   });
 }
 
-// AMX where it is compiled in, granted, and the head dim fills whole tiles. Fixed for a given model on a
+// AMX where it is compiled in, granted, and head dims and blocks fill whole tiles. Fixed for a given model on a
 // given machine, so every query of a deployment is scored the same way.
-bool uses_amx(const at::Tensor& query) {
+bool uses_amx(const at::Tensor& query, int64_t block_size) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  return query.scalar_type() == at::kBFloat16 && query.size(2) % kTileDims == 0 && amx_granted();
+  return query.scalar_type() == at::kBFloat16 && query.size(2) % kValueTileDims == 0 && block_size % kLanes == 0 &&
+         amx_granted();
 #else
   return false;
 #endif
@@ -535,16 +593,17 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_start,
                            const at::Tensor& context_start, const c10::optional<at::Tensor>& tree_mask,
                            const at::Tensor& tree_offsets, int64_t block_size, double scale) {
-  TORCH_CHECK(query.dim() == 3 && value_cache.dim() == 3 && key_cache.dim() == 5,
-              "query [T, H, Dh], key_cache [blocks, KV, Dh / P, block_size, P], value_cache [slots, KV, Dh] expected");
+  TORCH_CHECK(query.dim() == 3 && key_cache.dim() == 5 && value_cache.dim() == 4,
+              "query [T, H, Dh], key_cache [blocks, KV, Dh / P, block_size, P], value_cache [blocks, KV, "
+              "block_size / P, Dh * P] expected");
   TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == query.size(2), "each query row's heads must be contiguous");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(key_cache.scalar_type() == query.scalar_type() && value_cache.scalar_type() == query.scalar_type(),
               "query and caches must share a dtype");
   TORCH_CHECK(key_cache.size(4) * query.element_size() == 4, "key_cache packs 4 bytes of dims per lane");
   TORCH_CHECK(key_cache.size(1) == value_cache.size(1) && key_cache.size(2) * key_cache.size(4) == query.size(2) &&
-                  value_cache.size(2) == query.size(2) && key_cache.size(3) == block_size &&
-                  key_cache.size(0) * block_size == value_cache.size(0),
+                  value_cache.size(3) == query.size(2) * key_cache.size(4) && key_cache.size(3) == block_size &&
+                  value_cache.size(2) * key_cache.size(4) == block_size && key_cache.size(0) == value_cache.size(0),
               "key_cache, value_cache and query disagree on KV heads, head_dim or block_size");
   TORCH_CHECK(query.size(1) % value_cache.size(1) == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(query.size(2) <= kMaxVecs * kLanes, "head_dim above ", kMaxVecs * kLanes);
@@ -563,7 +622,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
                         query.stride(0), static_cast<float>(scale), block_tables.data_ptr<int64_t>(),
                         query_start.data_ptr<int64_t>(), context_start.data_ptr<int64_t>(),
                         tree_offsets.data_ptr<int64_t>(), mask.defined() ? mask.data_ptr<bool>() : nullptr,
-                        uses_amx(query)};
+                        uses_amx(query, block_size)};
   const std::vector<Tile> tiles = tiles_by_cost(problem, num_seqs, at::get_num_threads());
   at::Tensor out = at::empty(query.sizes(), query.options());
   switch (query.scalar_type()) {

@@ -42,7 +42,9 @@ class PagedAttention:
         device = cache.device
         self.cache = cache
         self.write_slots = write_slots.to(device)  # [T] cache slot of every new token, in batch order
-        self.key_elements = slot_elements(cache.keys[0], self.write_slots)  # the same in the (packed) K pools
+        # Where the new entries go in the flattened (on CPU, packed) pools, for every layer's write.
+        self.key_elements = slot_elements(cache.keys[0], self.write_slots)
+        self.value_elements = slot_elements(cache.values[0], self.write_slots)
         firsts = list(accumulate((s.num_new for s in spans), initial=0))  # each span's first row, then T
         self.num_tokens = firsts[-1]
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]
@@ -63,7 +65,7 @@ class PagedAttention:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KV, Dh] into the new tokens' slots (and kept for this layer's prefills)."""
         self.cache.keys[layer].view(-1).index_copy_(0, self.key_elements, k.reshape(-1))
-        self.cache.values[layer].index_copy_(0, self.write_slots, v)
+        self.cache.values[layer].view(-1).index_copy_(0, self.value_elements, v.reshape(-1))
         self._new_keys, self._new_values = k, v
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:

@@ -90,9 +90,9 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
 
 
 class KVCache:
-    """Per-layer K and V pools. V: [num_blocks * block_size, num_kv_heads, head_dim]; K in the layout the
-    device's attention kernel reads (packed by block on CPU, see kernels.layout, else like V). Entries are
-    addressed by slot = block * block_size + offset either way (kernels.read_slots / write_slots)."""
+    """Per-layer K and V pools in the layout the device's attention kernel reads: packed by block on CPU
+    (kernels.layout), else [num_blocks * block_size, num_kv_heads, head_dim]. Entries are addressed by
+    slot = block * block_size + offset either way (kernels.read_slots / write_slots)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int, engine: EngineConfig = EngineConfig()):
@@ -100,8 +100,9 @@ class KVCache:
         self.dtype, self.device = engine.dtype, torch.device(engine.device)
         self.num_tokens = num_blocks * block_size
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
-        value_shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        key_shape = kernels.packed_key_shape(num_blocks, block_size, num_kv_heads, head_dim, self.dtype) \
-            if kernels.packs_keys(self.device) else value_shape
+        key_shape = value_shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        if kernels.packs_keys(self.device):
+            key_shape = kernels.packed_key_shape(num_blocks, block_size, num_kv_heads, head_dim, self.dtype)
+            value_shape = kernels.packed_value_shape(num_blocks, block_size, num_kv_heads, head_dim, self.dtype)
         self.keys = [torch.zeros(key_shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
         self.values = [torch.zeros(value_shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]

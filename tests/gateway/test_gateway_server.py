@@ -1,10 +1,9 @@
-import socket
-
 import grpc
 import pytest
 
 from gateway.server import create_service, fetch_model_info
 from specd.model_store import DEFAULT_MODEL
+from specd.ports import free_ports
 from specd.errors import InvalidArgument
 from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2_grpc
@@ -12,14 +11,8 @@ from specd.v1 import target_pb2_grpc
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
-def unused_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 async def test_waiting_for_a_target_that_never_comes_up_gives_up_naming_it():
-    address = unused_address()
+    address = f"127.0.0.1:{free_ports(1)[0]}"
     async with grpc.aio.insecure_channel(address) as channel:
         with pytest.raises(RuntimeError, match=f"target at {address} did not answer GetModelInfo within 0.5 s"):
             await fetch_model_info(target_pb2_grpc.TargetStub(channel), address, timeout_s=0.5)

@@ -91,7 +91,7 @@ def test_compact_kv(draft_lens):
 @pytest.mark.parametrize("trees", [frozenset(), frozenset({1, 2})], ids=["chains", "trees"])
 def test_paged_attention(trees, dtype):
     batch = random_attention_batch([1, 5, 3, 2], [70, 0, 9, 130], trees=trees, heads=4, kv_heads=2, head_dim=16,
-                                   dtype=dtype, packed_keys=False)  # the Triton kernel reads [slots, KV, Dh]
+                                   dtype=dtype, packed=False)  # the Triton kernel reads [slots, KV, Dh]
     expected = reference.paged_attention(*batch.args())
     actual = triton_impl.paged_attention(*batch.args())
     assert actual.dtype == dtype

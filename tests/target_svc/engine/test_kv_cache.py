@@ -106,15 +106,18 @@ def test_slots_outside_capacity_raise():
 def test_kv_cache_pool_shapes():
     cache = KVCache(num_layers=3, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4)
     assert len(cache.keys) == len(cache.values) == 3
-    assert cache.values[2].shape == (20, 2, 8)
-    assert cache.keys[0].shape == (5, 2, 8, 4, 1)  # packed on CPU: [blocks, KV, Dh / P, block_size, P]
+    # packed on CPU, P = 1 in fp32: keys [blocks, KV, Dh / P, block_size, P],
+    # values [blocks, KV, block_size / P, Dh * P]
+    assert cache.keys[0].shape == (5, 2, 8, 4, 1)
+    assert cache.values[2].shape == (5, 2, 4, 8)
     assert cache.keys[0].dtype == torch.float32
 
 
-def test_a_bf16_cache_packs_two_key_dims_to_a_lane():
+def test_a_bf16_cache_packs_two_elements_to_a_lane():
     cache = KVCache(num_layers=1, num_kv_heads=2, head_dim=8, num_blocks=5, block_size=4,
                     engine=EngineConfig(dtype=torch.bfloat16))
-    assert cache.keys[0].shape == (5, 2, 4, 4, 2)
+    assert cache.keys[0].shape == (5, 2, 4, 4, 2)  # two dims of a position side by side
+    assert cache.values[0].shape == (5, 2, 2, 16)  # each dim of two positions side by side
 
 
 def test_entries_written_by_slot_read_back_by_slot_in_either_layout():
