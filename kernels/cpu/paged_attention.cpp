@@ -3,18 +3,19 @@
 //
 // Batch invariant by construction: each query's result is computed by the same
 // instructions in the same order (keys in fixed chunks of 64 positions, an
-// online softmax over the chunks, fp32 throughout) whatever else is in the batch,
-// however many queries its sequence brings and however the work is split across
-// threads. Masked keys contribute exact zeros, so a token decoded alone and the
+// online softmax over the chunks, fp32 accumulation, one formulation per dtype on a
+// given machine) whatever else is in the batch, however many queries its sequence
+// brings and however the work is split across threads. Masked keys contribute exact zeros, so a token decoded alone and the
 // same token verified among drafts get bit-identical outputs.
 //
 // Layout (see kernels/reference/attention.py, the specification, and kernels/layout.py):
 //   query [T, H, Dh] (rows may be strided); key_cache packed [num_blocks, KV, Dh / P, block_size, P]
 //   (P = 4 / sizeof(element): the keys of a block are dimension-major, P dims to a 32-bit lane, so 16
 //   positions' next P dims are one 64-byte load); value_cache packed [num_blocks, KV, block_size / P,
-//   Dh * P] (each dim of P consecutive positions side by side); slot = block * block_size + offset; block_tables [B, W]; query_start [B+1] (sequence b
-//   owns query rows query_start[b] .. query_start[b+1]-1, its new tokens, whose
-//   K/V already sit at positions context_start[b] + i); tree_offsets [B]: -1 for
+//   Dh * P] (each dim of P consecutive positions side by side); slot = block * block_size + offset;
+//   block_tables [B, W]; query_start [B+1] (sequence b owns query rows query_start[b] ..
+//   query_start[b+1]-1, its new tokens, whose K/V already sit at positions context_start[b] + i);
+//   tree_offsets [B]: -1 for
 //   a chain (new token i sees positions 0 .. context_start + i), else the offset
 //   of the sequence's n x n ancestor mask in tree_mask (new token i sees the
 //   cached prefix and the new tokens j with tree_mask[offset + i*n + j]).
@@ -171,7 +172,8 @@ class TileAttention {
         first_new_(t.first - p.query_start[t.seq]),
         tree_(p.tree_offsets[t.seq]),
         table_(p.block_tables + t.seq * p.table_width),
-        q_(rows_ * p.head_dim), q_lanes_((rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_, 0), acc_(rows_ * vecs_, f32x16{}),
+        q_(rows_ * p.head_dim), q_lanes_((rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_, 0),
+        acc_(rows_ * vecs_, f32x16{}),
         keys_t_(kDotProducts ? 0 : kSubChunks * p.head_dim),
         gathered_(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim),
         chunk_scores_(p.amx ? rows_ * kSubChunks : 0), rescale_(p.amx ? rows_ : 0),

@@ -20,7 +20,8 @@ def paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: t
                     tree_mask: torch.Tensor | None, tree_offsets: torch.Tensor, block_size: int,
                     scale: float) -> torch.Tensor:
     """query [T, H, Dh]; key_cache and value_cache [slots, KV, Dh] (slot = block * block_size + offset), or
-    key_cache packed (kernels.layout); block_tables [B, W]; query_start [B+1]; context_start, tree_offsets [B]; tree_mask [M] bool or None.
+    both packed (kernels.layout); block_tables [B, W]; query_start [B+1]; context_start, tree_offsets [B];
+    tree_mask [M] bool or None.
     Returns [T, H, Dh] in query's dtype, computed in fp32."""
     out = torch.empty_like(query)
     group = query.shape[1] // value_cache.shape[1]

@@ -9,7 +9,7 @@ from kernels.layout import read_slots, write_slots
 
 
 def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-    """In every pool ([num_slots, kv_heads, head_dim], or packed keys: kernels.layout), moves entry
+    """In every pool ([num_slots, kv_heads, head_dim], or packed: kernels.layout), moves entry
     src_slots[i] to dst_slots[i] ([M] each).
 
     In place, and as if every entry were read before any is written, so a source

@@ -141,7 +141,8 @@ class LinearPlan:
         on an AMX Xeon, its fp16 ones fail at K = 1536, no fp32 formulation passes)."""
         generator = torch.Generator(device=prepared[0].device).manual_seed(0)
         for weight in prepared:
-            x = torch.randn(MAX_SHARED_ROWS, weight.shape[1], generator=generator, device=weight.device).to(weight.dtype)
+            x = torch.randn(MAX_SHARED_ROWS, weight.shape[1], generator=generator, device=weight.device)
+            x = x.to(weight.dtype)
             alone = {row: self(x[row:row + 1], weight) for row in (0, 1, 2, 7, 16, 63, MAX_SHARED_ROWS - 1)}
             for count in (2, 3, 8, 17, 64, MAX_SHARED_ROWS):
                 out = self(x[:count], weight)
