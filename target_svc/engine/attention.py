@@ -35,16 +35,16 @@ class SeqSpan:
 
 
 class PagedAttention:
-    """Per-forward plan: the new tokens' cache slots; which spans are prefills; the block tables and
-    masks every layer's paged-kernel call reads."""
+    """Per-forward plan: where the new tokens' K/V go; which spans are prefills; the block tables and
+    masks every layer's paged-kernel call reads; which rows share a matmul call (matmul_rows)."""
 
     def __init__(self, spans: list[SeqSpan], write_slots: torch.Tensor, cache: KVCache):
         device = cache.device
         self.cache = cache
-        self.write_slots = write_slots.to(device)  # [T] cache slot of every new token, in batch order
-        # Where the new entries go in the flattened (on CPU, packed) pools, for every layer's write.
-        self.key_elements = slot_elements(cache.keys[0], self.write_slots)
-        self.value_elements = slot_elements(cache.values[0], self.write_slots)
+        # Where the new tokens' entries (write_slots [T], in batch order) go in the flattened pools (packed
+        # on CPU), for every layer's write.
+        self.key_elements = slot_elements(cache.keys[0], write_slots.to(device))
+        self.value_elements = slot_elements(cache.values[0], write_slots.to(device))
         firsts = list(accumulate((s.num_new for s in spans), initial=0))  # each span's first row, then T
         self.num_tokens = firsts[-1]
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]
