@@ -67,7 +67,7 @@ def _attention_module(device: torch.device) -> ModuleType:
     return module
 
 
-def packs_keys(device: torch.device) -> bool:
+def packs_caches(device: torch.device) -> bool:
     """Whether the attention kernel for `device` reads packed caches (kernels.layout): the C++ and
     reference kernels do, the Triton kernel reads [slots, KV, Dh]."""
     return attention_backend(device) != "triton"

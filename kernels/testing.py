@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.dispatch import packs_keys
+from kernels.dispatch import packs_caches
 from kernels.layout import ancestor_mask, pack_keys, pack_values, target_row_offsets
 
 
@@ -105,7 +105,7 @@ def random_attention_batch(num_new: list[int], cached: list[int], *, trees: froz
                            packed: bool | None = None) -> AttentionBatch:
     """Sequence b brings num_new[b] queries after cached[b] cached tokens; the sequences in `trees`
     get random token trees, the others are chains. Blocks are spread over the cache at random. The caches
-    are packed where the device's kernel reads them so (packs_keys), unless `packed` says otherwise."""
+    are packed where the device's kernel reads them so (packs_caches), unless `packed` says otherwise."""
     gen = torch.Generator().manual_seed(seed)
     width = max(-(-(c + n) // block_size) for c, n in zip(cached, num_new))
     num_blocks = len(num_new) * width + 1
@@ -120,7 +120,7 @@ def random_attention_batch(num_new: list[int], cached: list[int], *, trees: froz
         return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device)
 
     keys, values = (randn(num_blocks * block_size, kv_heads, head_dim) for _ in range(2))
-    if packed if packed is not None else packs_keys(torch.device(device)):
+    if packed if packed is not None else packs_caches(torch.device(device)):
         keys, values = pack_keys(keys, block_size), pack_values(values, block_size)
     return AttentionBatch(
         query=randn(sum(num_new), heads, head_dim), key_cache=keys, value_cache=values,

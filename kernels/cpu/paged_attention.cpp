@@ -172,7 +172,8 @@ class TileAttention {
         first_new_(t.first - p.query_start[t.seq]),
         tree_(p.tree_offsets[t.seq]),
         table_(p.block_tables + t.seq * p.table_width),
-        q_(rows_ * p.head_dim), q_lanes_((rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_, 0),
+        q_(kDotProducts ? 0 : rows_ * p.head_dim),
+        q_lanes_(kDotProducts ? (rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_ : 0, 0),
         acc_(rows_ * vecs_, f32x16{}),
         keys_t_(kDotProducts ? 0 : kSubChunks * p.head_dim),
         gathered_(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim),
@@ -206,8 +207,11 @@ class TileAttention {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t r = i * group_ + g;
         const scalar_t* src = query + (t_.first + i) * p_.query_stride + (kv_head_ * group_ + g) * p_.head_dim;
-        for (int64_t d = 0; d < p_.head_dim; ++d) q_[r * p_.head_dim + d] = static_cast<float>(src[d]) * p_.scale;
-        std::memcpy(&q_lanes_[r * lanes_], src, lanes_ * sizeof(uint32_t));
+        if constexpr (kDotProducts) {  // read as stored by the dot products and tiles
+          std::memcpy(&q_lanes_[r * lanes_], src, lanes_ * sizeof(uint32_t));
+        } else {
+          for (int64_t d = 0; d < p_.head_dim; ++d) q_[r * p_.head_dim + d] = static_cast<float>(src[d]) * p_.scale;
+        }
       }
     }
   }
@@ -503,8 +507,8 @@ class TileAttention {
   const int64_t kv_head_;
   const int64_t group_, queries_, rows_, vecs_, lanes_, start_, num_new_, first_new_, tree_;
   const int64_t* table_;
-  std::vector<float> q_;                    // [rows][Dh], scaled
-  std::vector<uint32_t> q_lanes_;           // [rows][Dh / P]: the query as stored, P dims to a lane
+  std::vector<float> q_;                    // for the FMA scores, [rows][Dh], scaled
+  std::vector<uint32_t> q_lanes_;           // for dot products and tiles, [rows padded to 16][Dh / P] as stored
   std::vector<f32x16> acc_, keys_t_;        // [rows][vecs]; [4][Dh] (see unpack_chunk)
   std::vector<scalar_t> gathered_;          // [4][Dh / P][16][P] (see find_keys)
   std::vector<f32x16> chunk_scores_;        // with AMX, [rows][4]: the chunk's scores, then weights
@@ -580,10 +584,11 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
   });
 }
 
-// AMX where it is compiled in, granted, and head dims and blocks fill whole tiles. Fixed for a given model on a
-// given machine, so every query of a deployment is scored the same way.
+// AMX where it is compiled in (with AVX512-BF16, whose query form the tiles read too), granted, and
+// head dims and blocks fill whole tiles. Fixed for a given model on a given machine, so every query of
+// a deployment is scored the same way.
 bool uses_amx(const at::Tensor& query, int64_t block_size) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
   return query.scalar_type() == at::kBFloat16 && query.size(2) % kValueTileDims == 0 && block_size % kLanes == 0 &&
          amx_granted();
 #else

@@ -43,8 +43,9 @@ class PagedAttention:
         self.cache = cache
         # Where the new tokens' entries (write_slots [T], in batch order) go in the flattened pools (packed
         # on CPU), for every layer's write.
-        self.key_elements = slot_elements(cache.keys[0], write_slots.to(device))
-        self.value_elements = slot_elements(cache.values[0], write_slots.to(device))
+        write_slots = write_slots.to(device)
+        self.key_elements = slot_elements(cache.keys[0], write_slots)
+        self.value_elements = slot_elements(cache.values[0], write_slots)
         firsts = list(accumulate((s.num_new for s in spans), initial=0))  # each span's first row, then T
         self.num_tokens = firsts[-1]
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]

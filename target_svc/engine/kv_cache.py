@@ -101,7 +101,7 @@ class KVCache:
         self.num_tokens = num_blocks * block_size
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, self.dtype)
         key_shape = value_shape = (num_blocks * block_size, num_kv_heads, head_dim)
-        if kernels.packs_keys(self.device):
+        if kernels.packs_caches(self.device):
             key_shape = kernels.packed_key_shape(num_blocks, block_size, num_kv_heads, head_dim, self.dtype)
             value_shape = kernels.packed_value_shape(num_blocks, block_size, num_kv_heads, head_dim, self.dtype)
         self.keys = [torch.zeros(key_shape, dtype=self.dtype, device=self.device) for _ in range(num_layers)]
