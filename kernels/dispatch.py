@@ -1,7 +1,7 @@
 """The one place that chooses a kernel implementation, per call.
 
 Triton kernels for CUDA tensors; for CPU tensors the compiled C++ kernels
-(`kernels.cpu`, attention only) where they build, the PyTorch references for
+(`kernels.cpu`: attention, 16-bit layer ops, bf16 AMX matmuls) where they build, the PyTorch references for
 everything else.
 `SPECD_KERNELS=triton|torch` overrides the choice; it is read at every call.
 `triton` is optional: without it everything runs on the references. With
@@ -104,6 +104,19 @@ def _layer_module(t: torch.Tensor) -> ModuleType:
     if t.dtype in (torch.bfloat16, torch.float16) and _attention_module(t.device) is cpu:
         return cpu
     return reference
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` packed for `packed_linear` where a kernel for its device, dtype and shape exists (bf16 on
+    CPUs with AMX, `kernels.cpu.linear`), else None: the caller keeps its own matmul."""
+    if _attention_module(weight.device) is cpu:
+        return cpu.pack_linear_weight(weight)
+    return None
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x @ weight^T for a weight from `pack_linear_weight`; rows independent of the row count."""
+    return cpu.linear(x, packed)
 
 
 def greedy_accept(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,

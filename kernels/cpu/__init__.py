@@ -15,7 +15,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "layers.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "layers.cpp", "linear.cpp")]
 # -march=native: the extension is compiled where it runs (cached per machine under
 # torch's extension directory), so it may use every vector unit that machine has.
 CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
@@ -56,6 +56,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`kernels.reference.layers.rotate` for bf16 and fp16 (layers.cpp)."""
     return _op("rotate")(x, cos, sin)
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` [N, K] packed for `linear` (linear.cpp: bf16 AMX tile products), or None where that
+    kernel cannot take it (another dtype, N not a multiple of 16 or K of 32, no AMX here)."""
+    if not compiled() or not torch.ops.specd.supports_linear(weight):
+        return None
+    return _op("pack_linear_weight")(weight)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight^T -> [M, N], the weight as `pack_linear_weight` returned it; each output row
+    bit-identical whatever the row count (linear.cpp)."""
+    return _op("linear")(x, packed)
 
 
 def _op(name: str):

@@ -25,11 +25,8 @@
 #include <immintrin.h>
 #endif
 #include <torch/library.h>
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
+#include "amx.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -55,7 +52,7 @@ constexpr int64_t kMaxVecs = 16;   // head_dim up to 256
 typedef f32x16 Scores[kSubChunks];
 constexpr int64_t kTileRows = 16;  // query rows per AMX tile (see below)
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef SPECD_AMX
 // AMX: bf16 attention as tile products of up to 16 query rows at a time. Scores: tile 1 holds a 32-dim
 // slice of 16 query rows, tile 2 the same 32 dims of 16 positions (16 rows of the packed key block,
 // each a position's dim pair side by side, the layout the instruction reads), tile 0 their 16 x 16
@@ -64,32 +61,6 @@ constexpr int64_t kTileRows = 16;  // query rows per AMX tile (see below)
 // 0, 5, 6, 7 the products for 64 dims. Each output is its own dot product, so a row's results do not
 // depend on the other rows.
 constexpr int64_t kTileDims = 32, kValueTileDims = 64;
-
-// Linux lends the tile registers to a process that asks; asked once, the answer kept for good.
-bool amx_granted() {
-  static const bool granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return granted;
-}
-
-// The tile shapes above, configured on the calling thread for its lifetime in scope.
-class TileRegisters {
- public:
-  TileRegisters() {
-    struct {
-      uint8_t palette = 1, start_row = 0, reserved[14] = {};
-      uint16_t bytes_per_row[16] = {};
-      uint8_t rows[16] = {};
-    } config;
-    for (int tile = 0; tile < 8; ++tile) {
-      config.bytes_per_row[tile] = 64;
-      config.rows[tile] = kTileRows;
-    }
-    config.bytes_per_row[3] = 32;  // 16 positions' weights, bf16
-    config.rows[4] = 8;            // 8 position pairs
-    _tile_loadconfig(&config);
-  }
-  ~TileRegisters() { _tile_release(); }
-};
 #endif
 
 // Elements per 32-bit lane of the packed key cache: the P of its [blocks, KV, Dh / P, block_size, P].
@@ -372,7 +343,7 @@ class TileAttention {
   void dot_scores(int64_t, Scores*) const {}
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef SPECD_AMX
   // Every row's scores for the chunk (chunk_scores_[r * 4 + c]), 16 rows by 16 positions a tile
   // product, summed over the head dims 32 at a time. Query rows past rows_ are zeros.
   void tile_scores() {
@@ -574,9 +545,11 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
   std::atomic<size_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tiles.size()));
   at::parallel_for(0, std::max<int64_t>(workers, 1), 1, [&](int64_t begin, int64_t end) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#ifdef SPECD_AMX
     std::optional<TileRegisters> registers;
-    if (problem.amx) registers.emplace();
+    using Shape = TileRegisters::Shape;
+    if (problem.amx) registers.emplace({Shape{3, 16, 32},   // 16 positions' weights, bf16
+                                        Shape{4, 8, 64}});  // 8 position pairs; the rest 16 x 64 bytes
 #endif
     for (int64_t worker = begin; worker < end; ++worker) {
       for (size_t i = next++; i < tiles.size(); i = next++) run_tile(problem, tiles[i], q, k, v, o);
@@ -588,7 +561,7 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
 // head dims and blocks fill whole tiles. Fixed for a given model on a given machine, so every query of
 // a deployment is scored the same way.
 bool uses_amx(const at::Tensor& query, int64_t block_size) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#ifdef SPECD_AMX
   return query.scalar_type() == at::kBFloat16 && query.size(2) % kValueTileDims == 0 && block_size % kLanes == 0 &&
          amx_granted();
 #else

@@ -17,14 +17,17 @@ So the engine measures the formulations once at start (`LinearPlan.measure`, und
 the fastest per row-count bucket. "transposed" is MKL's GEMM with the few rows as its small n side,
 (weight @ x^T)^T.
 
-In bf16 and fp16 the engine packs each weight once for oneDNN (the layout its AMX / AVX-512 kernels
-read) with a one-row hint: measured on the Xeon, 6.7 ms instead of F.linear's 10.6 for the 30
-layers at M = 1, 8.9 instead of 13.0 at M = 32, the vocab projection 1.3 ms instead of 2.5 (cache-hot
-weights; in a real forward the 30 layers stream from memory), and each output row is bit-identical
-whatever the row count up to 128 rows. Above that the 1536-wide down projection gave rows that
-depended on the count (at 150, 200 and 256 rows; slicing every call into 128 rows would cost a 512-row
-prefill 60% more), so the forward keeps larger calls to a single prompt's prefill (see
-`PagedAttention.matmul_rows`): the matmuls never make a row depend on the batch.
+In bf16 on CPUs with AMX the engine packs each weight once into the tiles AMX reads and runs its own
+kernel (`kernels.packed_linear`): each output row is its own chain of tile products in a fixed order,
+so it is bit-identical whatever the row count, and a decode step streams the weights at close to the
+memory bandwidth. Measured on the Xeon, the 30 layers and the vocab projection with weights streamed
+from memory: 8.4 ms at M = 1 (oneDNN packed 21.7), 11.0 ms at M = 26 (18.5), 26 ms at M = 128 (37).
+
+Elsewhere in bf16 and fp16 the engine packs each weight once for oneDNN with a one-row hint. Its rows
+were bit-identical whatever the row count up to 128 rows; above that the 1536-wide down projection
+gave rows that depended on the count (at 150, 200 and 256 rows), so with oneDNN the forward keeps
+larger calls to a single prompt's prefill (see `PagedAttention.matmul_rows`): the matmuls never make
+a row depend on the batch.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+import kernels
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,7 @@ def formulations() -> dict[str, Linear]:
 
 
 PACKED = "oneDNN packed"
+AMX_TILES = "AMX tiles"
 
 
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -95,11 +101,16 @@ class LinearPlan:
     `prepare` once before use (a packed plan packs them)."""
 
     def __init__(self, names: tuple[str, ...]):
-        available = {**formulations(), PACKED: onednn_linear}
+        available = {**formulations(), PACKED: onednn_linear, AMX_TILES: kernels.packed_linear}
         self.names = names
         self._choices = tuple(available[name] for name in names)
+        # Whether a row's result is the same in a call of any row count (by construction), so that
+        # `by_rows` need not split: the AMX kernel's rows are.
+        self.any_row_count = names[0] == AMX_TILES
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        if self.names[0] == AMX_TILES:
+            return kernels.pack_linear_weight(weight)
         return pack_for_onednn(weight) if self.names[0] == PACKED else weight
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -108,8 +119,8 @@ class LinearPlan:
         return self._choices[bucket](x, weight)
 
     def by_rows(self, x: torch.Tensor, weight: torch.Tensor, rows: list[slice]) -> torch.Tensor:
-        """self(x, weight), one call per slice of rows (covering x in order)."""
-        if len(rows) == 1:
+        """self(x, weight), one call per slice of rows (covering x in order) unless any row count will do."""
+        if len(rows) == 1 or self.any_row_count:
             return self(x, weight)
         return torch.cat([self(x[r], weight) for r in rows])
 
@@ -120,9 +131,12 @@ class LinearPlan:
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
         """For fp32 weights on CPU: per bucket, the formulation fastest over `weights` (say, one
-        layer's). bf16 and fp16 on CPU: packed for oneDNN where it runs them. Elsewhere F.linear."""
+        layer's). bf16 and fp16 on CPU: the AMX kernel where it takes every one of `weights`, else packed
+        for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
+        if all(kernels.pack_linear_weight(w) is not None for w in weights):
+            return cls((AMX_TILES,) * len(ROW_BUCKETS))
         if weights[0].dtype != torch.float32:
             return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
         started, names = time.perf_counter(), []
@@ -136,15 +150,17 @@ class LinearPlan:
 
     def rows_independent(self, prepared: list[torch.Tensor]) -> bool:
         """Whether, for these weights (as `prepare` returned them), each output row is bit-identical
-        whatever the row count: what batch-invariant decoding needs of the matmuls. Checked, not
-        assumed: it depends on the kernels the CPU and the library pick (oneDNN's bf16 kernels pass
-        on an AMX Xeon, its fp16 ones fail at K = 1536, no fp32 formulation passes)."""
+        whatever the row count (up to MAX_SHARED_ROWS, or past the AMX kernel's 256-row passes for a
+        plan whose calls may take any count): what batch-invariant decoding needs of the matmuls.
+        Checked, not assumed: it depends on the kernels the CPU and the library pick (oneDNN's bf16
+        kernels pass on an AMX Xeon, its fp16 ones fail at K = 1536, no fp32 formulation passes)."""
         generator = torch.Generator(device=prepared[0].device).manual_seed(0)
+        largest = 300 if self.any_row_count else MAX_SHARED_ROWS
         for weight in prepared:
-            x = torch.randn(MAX_SHARED_ROWS, weight.shape[1], generator=generator, device=weight.device)
+            x = torch.randn(largest, _input_size(weight), generator=generator, device=weight.device)
             x = x.to(weight.dtype)
-            alone = {row: self(x[row:row + 1], weight) for row in (0, 1, 2, 7, 16, 63, MAX_SHARED_ROWS - 1)}
-            for count in (2, 3, 8, 17, 64, MAX_SHARED_ROWS):
+            alone = {row: self(x[row:row + 1], weight) for row in (0, 1, 2, 7, 16, 63, largest - 1)}
+            for count in (2, 3, 8, 17, 64, MAX_SHARED_ROWS, largest):
                 out = self(x[:count], weight)
                 if not all(torch.equal(out[row:row + 1], expected) for row, expected in alone.items() if row < count):
                     return False
@@ -152,6 +168,11 @@ class LinearPlan:
 
     def describe(self) -> str:
         return ", ".join(f"{rows} rows {name}" for rows, name in zip(ROW_BUCKETS, self.names))
+
+
+def _input_size(prepared: torch.Tensor) -> int:
+    """K of a weight as `LinearPlan.prepare` returned it: [N, K], or [N / 16, K / 32, 16, 32] for AMX."""
+    return prepared.shape[1] * 32 if prepared.dim() == 4 else prepared.shape[1]
 
 
 def _packing_works(weight: torch.Tensor) -> bool:

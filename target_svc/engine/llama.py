@@ -105,9 +105,10 @@ class LlamaModel:
         self.embed = state["embed_tokens.weight"]  # [V, D]
         self.norm = state["norm.weight"]  # [D]
         layers = [_layer_weights(state, f"layers.{i}.") for i in range(config.num_hidden_layers)]
-        self.linear = LinearPlan.measure(layers[0].matmuls())
+        lm_head = state.get("lm_head.weight", self.embed)  # [V, D]; tied when absent
+        self.linear = LinearPlan.measure(layers[0].matmuls() + [lm_head])
         self.layers = [layer.prepared(self.linear.prepare) for layer in layers]
-        self.lm_head = self.linear.prepare(state.get("lm_head.weight", self.embed))  # [V, D]; tied when absent
+        self.lm_head = self.linear.prepare(lm_head)
         self.matmul_rows_independent = self.linear.rows_independent(self.layers[0].matmuls() + [self.lm_head])
         self.rope = Rope(config, self.head_dim, engine)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from target_svc.engine.linear_cpu import PACKED, ROW_BUCKETS, LinearPlan, formulations
+import kernels
+from target_svc.engine.linear_cpu import AMX_TILES, PACKED, ROW_BUCKETS, LinearPlan, formulations
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -59,6 +60,19 @@ def test_bf16_weights_are_packed_once_and_a_rows_result_does_not_depend_on_the_b
     assert all(torch.equal(everything[i:i + 1], plan(x[i:i + 1], prepared)) for i in range(0, 300, 29))
     torch.testing.assert_close(everything.float(), torch.nn.functional.linear(x, weight).float(),
                                atol=0.1, rtol=0.02)
+
+
+def test_bf16_weights_the_amx_kernel_takes_go_to_it_whole_whatever_the_row_count():
+    weights = [random_matrix(96, 64, seed=1).bfloat16(), random_matrix(64, 96, seed=2).bfloat16()]
+    if kernels.pack_linear_weight(weights[0]) is None:
+        pytest.skip("no AMX on this CPU")
+    plan = LinearPlan.measure(weights)
+    assert plan.names == (AMX_TILES,) * len(ROW_BUCKETS) and plan.any_row_count
+    prepared = [plan.prepare(w) for w in weights]
+    assert plan.rows_independent(prepared)
+    x = random_matrix(300, 64, seed=3).bfloat16()
+    assert torch.equal(plan.by_rows(x, prepared[0], [slice(0, 128), slice(128, 300)]), plan(x, prepared[0]))
+    torch.testing.assert_close(plan(x, prepared[0]).float(), x.float() @ weights[0].float().t(), atol=1e-2, rtol=1e-2)
 
 
 def test_row_independence_is_checked_not_assumed():

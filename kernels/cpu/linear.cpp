@@ -1,0 +1,178 @@
+// x @ weight^T for bf16 on CPU by AMX tile products, the weight packed once into the tiles the
+// instruction reads: [N / 16, K / 32, 16, 32], tile (n, k) row r holding, for the 16 outputs
+// n * 16 .. n * 16 + 15 side by side, the input pair k * 32 + 2r, k * 32 + 2r + 1. A block of 16 outputs
+// is K / 32 contiguous tiles, so a decode step streams each weight once, front to back.
+//
+// Every output row is its own sequence of tile products over K in a fixed order, so a row's result is
+// bit-identical whatever the row count and however the work is split: batch invariant by construction.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "amx.h"
+#include "vec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using namespace specd_cpu;
+
+constexpr int64_t kBlockRows = 16;     // rows of x per tile
+constexpr int64_t kBlockOutputs = 16;  // outputs per weight tile
+constexpr int64_t kBlockInputs = 32;   // inputs per tile: 16 pairs
+constexpr int64_t kRowsPerPass = 256;  // rows whose x slice stays in L2 while the weight passes by
+
+bool supports_linear(const at::Tensor& weight) {
+#ifdef SPECD_AMX
+  return weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 && weight.size(0) % kBlockOutputs == 0 &&
+         weight.size(1) % kBlockInputs == 0 && amx_granted();
+#else
+  return false;
+#endif
+}
+
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  TORCH_CHECK(supports_linear(weight), "pack_linear_weight takes a bf16 [N, K] weight with N % 16 == 0 and "
+              "K % 32 == 0, on a CPU with AMX");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  return weight.reshape({n / kBlockOutputs, kBlockOutputs, k / kBlockInputs, kBlockInputs / 2, 2})
+      .permute({0, 2, 3, 1, 4})
+      .contiguous()
+      .view({n / kBlockOutputs, k / kBlockInputs, kBlockInputs / 2, 2 * kBlockOutputs});
+}
+
+#ifdef SPECD_AMX
+using bf16 = c10::BFloat16;
+constexpr int64_t kTileElements = kBlockInputs * kBlockOutputs;  // one packed weight tile
+
+// Up to 16 rows of x as a tile reads them.
+struct RowBlock {
+  const bf16* data;
+  int64_t stride_bytes, valid;
+};
+
+// The rows of x by blocks of 16: full blocks in place, a last partial one copied into `tail`, zero padded.
+class RowBlocks {
+ public:
+  RowBlocks(const at::Tensor& x) : x_(x.data_ptr<bf16>()), rows_(x.size(0)), stride_(x.stride(0)) {
+    const int64_t partial = rows_ % kBlockRows, inputs = x.size(1);
+    if (partial == 0) return;
+    tail_.assign(kBlockRows * inputs, bf16(0.0f));
+    for (int64_t r = 0; r < partial; ++r) {
+      std::memcpy(&tail_[r * inputs], x_ + (rows_ - partial + r) * stride_, inputs * sizeof(bf16));
+    }
+    tail_stride_bytes_ = inputs * sizeof(bf16);
+  }
+
+  RowBlock operator[](int64_t first) const {
+    if (first + kBlockRows <= rows_) return {x_ + first * stride_, stride_ * int64_t(sizeof(bf16)), kBlockRows};
+    return {tail_.data(), tail_stride_bytes_, rows_ - first};
+  }
+
+ private:
+  const bf16* x_;
+  int64_t rows_, stride_, tail_stride_bytes_ = 0;
+  std::vector<bf16> tail_;
+};
+
+// out[rows of a, outputs of the weight blocks at b] for M_BLOCKS row blocks a[0..] and N_BLOCKS
+// consecutive output blocks. Tiles 0..3 the sums, 4 and 5 the rows, 6 and 7 the weights.
+template <int M_BLOCKS, int N_BLOCKS>
+void tile_products(const RowBlock* a, const bf16* b, int64_t k_blocks, bf16* out, int64_t out_stride) {
+  const bf16* b1 = b + k_blocks * kTileElements;  // the next output block's tiles
+  _tile_zero(0);
+  if constexpr (N_BLOCKS == 2) _tile_zero(1);
+  if constexpr (M_BLOCKS == 2) _tile_zero(2);
+  if constexpr (M_BLOCKS == 2 && N_BLOCKS == 2) _tile_zero(3);
+  for (int64_t k = 0; k < k_blocks; ++k) {
+    _tile_loadd(4, a[0].data + k * kBlockInputs, a[0].stride_bytes);
+    _tile_loadd(6, b + k * kTileElements, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (N_BLOCKS == 2) {
+      _tile_loadd(7, b1 + k * kTileElements, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (M_BLOCKS == 2) {
+      _tile_loadd(5, a[1].data + k * kBlockInputs, a[1].stride_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (N_BLOCKS == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float sums[4][kBlockRows * kBlockOutputs];
+  _tile_stored(0, sums[0], kBlockOutputs * sizeof(float));
+  if constexpr (N_BLOCKS == 2) _tile_stored(1, sums[1], kBlockOutputs * sizeof(float));
+  if constexpr (M_BLOCKS == 2) _tile_stored(2, sums[2], kBlockOutputs * sizeof(float));
+  if constexpr (M_BLOCKS == 2 && N_BLOCKS == 2) _tile_stored(3, sums[3], kBlockOutputs * sizeof(float));
+  for (int m = 0; m < M_BLOCKS; ++m) {
+    for (int n = 0; n < N_BLOCKS; ++n) {
+      for (int64_t r = 0; r < a[m].valid; ++r) {
+        store16(load16(&sums[2 * m + n][r * kBlockOutputs]), out + (m * kBlockRows + r) * out_stride + n * kBlockOutputs);
+      }
+    }
+  }
+}
+
+// Output blocks taken in pairs, split across threads; rows in passes of kRowsPerPass, in pairs of blocks.
+void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) {
+  const RowBlocks blocks(x);
+  const int64_t rows = x.size(0), n_blocks = packed.size(0), k_blocks = packed.size(1), outputs = out.size(1);
+  const bf16* weight = packed.data_ptr<bf16>();
+  bf16* dst = out.data_ptr<bf16>();
+  at::parallel_for(0, (n_blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    const TileRegisters tiles;
+    for (int64_t pass = 0; pass < rows; pass += kRowsPerPass) {
+      const int64_t pass_end = std::min(rows, pass + kRowsPerPass);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t n = 2 * pair;
+        const bf16* b = weight + n * k_blocks * kTileElements;
+        const bool two_n = n + 1 < n_blocks;
+        for (int64_t m = pass; m < pass_end; m += 2 * kBlockRows) {
+          const RowBlock a[2] = {blocks[m], m + kBlockRows < pass_end ? blocks[m + kBlockRows] : blocks[m]};
+          bf16* o = dst + m * outputs + n * kBlockOutputs;
+          const bool two_m = m + kBlockRows < pass_end;
+          if (two_m && two_n) tile_products<2, 2>(a, b, k_blocks, o, outputs);
+          else if (two_m) tile_products<2, 1>(a, b, k_blocks, o, outputs);
+          else if (two_n) tile_products<1, 2>(a, b, k_blocks, o, outputs);
+          else tile_products<1, 1>(a, b, k_blocks, o, outputs);
+        }
+      }
+    }
+  });
+}
+#endif
+
+// x [M, K] (rows may be strided) @ weight^T, the weight as pack_linear_weight returned it -> [M, N].
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be a bf16 [M, K] "
+              "with contiguous rows");
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
+                  packed.size(2) == kBlockInputs / 2 && packed.size(3) == 2 * kBlockOutputs,
+              "the weight must be packed by pack_linear_weight");
+  TORCH_CHECK(packed.size(1) * kBlockInputs == x.size(1), "x has ", x.size(1), " inputs, the weight ",
+              packed.size(1) * kBlockInputs);
+  at::Tensor out = at::empty({x.size(0), packed.size(0) * kBlockOutputs}, x.options());
+#ifdef SPECD_AMX
+  if (x.size(0) > 0) amx_linear(x, packed, out);
+#else
+  TORCH_CHECK(false, "linear needs AMX, not compiled in here");
+#endif
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(specd, m) {
+  m.def("supports_linear(Tensor weight) -> bool");
+  m.def("pack_linear_weight(Tensor weight) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specd, CPU, m) {
+  m.impl("pack_linear_weight", &pack_linear_weight);
+  m.impl("linear", &linear);
+  m.impl("supports_linear", &supports_linear);
+}
