@@ -154,6 +154,13 @@ def build_tree_attention(parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
     return implementation(parent_ids.device).build_tree_attention(parent_ids, cu_draft_lens, start_positions)
 
 
+def write_kv(key_pool: torch.Tensor, value_pool: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """See `kernels.reference.kv.write_kv`; one C++ call per layer for the packed CPU caches."""
+    packed = key_pool.dim() == 5 and _attention_module(key_pool.device) is cpu
+    (cpu if packed else reference).write_kv(key_pool, value_pool, keys, values, slots)
+
+
 def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
     """See `kernels.reference.kv.compact_kv`."""
     implementation(src_slots.device).compact_kv(pools, src_slots, dst_slots)

@@ -102,12 +102,14 @@ def read_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 def write_slots(pool: torch.Tensor, slots: torch.Tensor, entries: torch.Tensor) -> None:
     """entries [n, KV, Dh] into a K or V pool (packed or [slots, KV, Dh]) at `slots` [n], in place."""
-    pool.view(-1).index_copy_(0, slot_elements(pool, slots), entries.reshape(-1))
+    if pool.dim() == 3:
+        pool.index_copy_(0, slots, entries)
+    else:
+        pool.view(-1).index_copy_(0, slot_elements(pool, slots), entries.reshape(-1))
 
 
 def slot_elements(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """[n * KV * Dh] where the entries at `slots` sit in the flattened pool, in [n, KV, Dh] order (computed
-    once per forward, it serves every layer's write)."""
+    """[n * KV * Dh] where the entries at `slots` sit in the flattened pool, in [n, KV, Dh] order."""
     kv_heads, head_dim = _entry_shape(pool)
     heads = torch.arange(kv_heads, device=slots.device)[None, :, None]
     dims = torch.arange(head_dim, device=slots.device)[None, None, :]

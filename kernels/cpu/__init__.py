@@ -15,7 +15,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "layers.cpp", "linear.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "layers.cpp", "linear.cpp",
+                                                           "kv_write.cpp")]
 # -march=native: the extension is compiled where it runs (cached per machine under
 # torch's extension directory), so it may use every vector unit that machine has.
 CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
@@ -56,6 +57,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`kernels.reference.layers.rotate` for bf16 and fp16 (layers.cpp)."""
     return _op("rotate")(x, cos, sin)
+
+
+def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """`kernels.reference.kv.write_kv` for packed caches (kv_write.cpp)."""
+    _op("write_kv")(key_cache, value_cache, keys, values, slots)
 
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:

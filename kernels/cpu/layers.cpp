@@ -15,13 +15,14 @@ namespace {
 using namespace specd_cpu;
 
 constexpr int64_t kRowsPerTask = 8;
+constexpr int64_t kNormRowsPerTask = 256;  // a decoding step's few rows stay on one thread: cheaper than waking one
 
 // h += delta (rounded to h's dtype) where delta is given; returns weight * (h / rms(h), computed in fp32
 // and rounded), as transformers' residual add and LlamaRMSNorm.
 template <typename scalar_t>
 void add_rms_norm_rows(scalar_t* h, const scalar_t* delta, const scalar_t* weight, scalar_t* out, int64_t rows,
                        int64_t dim, float eps) {
-  at::parallel_for(0, rows, 1 << 30, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kNormRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       scalar_t* row = h + r * dim;
       f32x16 squares{};

@@ -8,6 +8,14 @@ import torch
 from kernels.layout import read_slots, write_slots
 
 
+def write_kv(key_pool: torch.Tensor, value_pool: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """New entries into one layer's pools (any layout, kernels.layout): keys, values [T, KV, Dh] at
+    slots [T], in place."""
+    write_slots(key_pool, slots, keys)
+    write_slots(value_pool, slots, values)
+
+
 def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
     """In every pool ([num_slots, kv_heads, head_dim], or packed: kernels.layout), moves entry
     src_slots[i] to dst_slots[i] ([M] each).

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.layout import ancestor_mask, slot_elements
+from kernels.layout import ancestor_mask
 from target_svc.engine.kv_cache import KVCache
 from target_svc.engine.linear_cpu import MAX_SHARED_ROWS, shared_runs
 
@@ -41,11 +41,7 @@ class PagedAttention:
     def __init__(self, spans: list[SeqSpan], write_slots: torch.Tensor, cache: KVCache):
         device = cache.device
         self.cache = cache
-        # Where the new tokens' entries (write_slots [T], in batch order) go in the flattened pools (packed
-        # on CPU), for every layer's write.
-        write_slots = write_slots.to(device)
-        self.key_elements = slot_elements(cache.keys[0], write_slots)
-        self.value_elements = slot_elements(cache.values[0], write_slots)
+        self.write_slots = write_slots.to(device)  # [T]: where the new tokens' entries go, in batch order
         firsts = list(accumulate((s.num_new for s in spans), initial=0))  # each span's first row, then T
         self.num_tokens = firsts[-1]
         is_prefill = [s.start == 0 and is_chain(s) for s in spans]
@@ -65,8 +61,7 @@ class PagedAttention:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KV, Dh] into the new tokens' slots (and kept for this layer's prefills)."""
-        self.cache.keys[layer].view(-1).index_copy_(0, self.key_elements, k.reshape(-1))
-        self.cache.values[layer].view(-1).index_copy_(0, self.value_elements, v.reshape(-1))
+        kernels.write_kv(self.cache.keys[layer], self.cache.values[layer], k, v, self.write_slots)
         self._new_keys, self._new_values = k, v
 
     def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
