@@ -110,7 +110,8 @@ void tile_products(const RowBlock* a, const bf16* b, int64_t k_blocks, bf16* out
   for (int m = 0; m < M_BLOCKS; ++m) {
     for (int n = 0; n < N_BLOCKS; ++n) {
       for (int64_t r = 0; r < a[m].valid; ++r) {
-        store16(load16(&sums[2 * m + n][r * kBlockOutputs]), out + (m * kBlockRows + r) * out_stride + n * kBlockOutputs);
+        bf16* row = out + (m * kBlockRows + r) * out_stride;
+        store16(load16(&sums[2 * m + n][r * kBlockOutputs]), row + n * kBlockOutputs);
       }
     }
   }
