@@ -1,8 +1,8 @@
 """The one place that chooses a kernel implementation, per call.
 
 Triton kernels for CUDA tensors; for CPU tensors the compiled C++ kernels
-(`kernels.cpu`: attention, 16-bit layer ops, bf16 AMX matmuls) where they build, the PyTorch references for
-everything else.
+(`kernels.cpu`: attention, KV writes, 16-bit layer ops, bf16 AMX matmuls) where
+they build, the PyTorch references for everything else.
 `SPECD_KERNELS=triton|torch` overrides the choice; it is read at every call.
 `triton` is optional: without it everything runs on the references. With
 `SPECD_KERNELS=triton` and `TRITON_INTERPRET=1`, the Triton kernels run on CPU
@@ -106,12 +106,16 @@ def _layer_module(t: torch.Tensor) -> ModuleType:
     return reference
 
 
+def packs_linear_weight(weight: torch.Tensor) -> bool:
+    """Whether a kernel for `weight`'s device, dtype and shape exists behind `packed_linear` (bf16 on
+    CPUs with AMX, `kernels.cpu.linear`)."""
+    return _attention_module(weight.device) is cpu and cpu.takes_linear_weight(weight)
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight` packed for `packed_linear` where a kernel for its device, dtype and shape exists (bf16 on
-    CPUs with AMX, `kernels.cpu.linear`), else None: the caller keeps its own matmul."""
-    if _attention_module(weight.device) is cpu:
-        return cpu.pack_linear_weight(weight)
-    return None
+    """`weight` packed for `packed_linear` where `packs_linear_weight`, else None: the caller keeps its
+    own matmul."""
+    return cpu.pack_linear_weight(weight) if packs_linear_weight(weight) else None
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

@@ -65,12 +65,15 @@ def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, keys: torch.Ten
     _op("write_kv")(key_cache, value_cache, keys, values, slots)
 
 
+def takes_linear_weight(weight: torch.Tensor) -> bool:
+    """Whether `linear` (linear.cpp: bf16 AMX tile products) can take `weight` [N, K]: not where it has
+    another dtype, N is not a multiple of 16 or K of 32, or there is no AMX here."""
+    return compiled() and torch.ops.specd.supports_linear(weight)
+
+
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight` [N, K] packed for `linear` (linear.cpp: bf16 AMX tile products), or None where that
-    kernel cannot take it (another dtype, N not a multiple of 16 or K of 32, no AMX here)."""
-    if not compiled() or not torch.ops.specd.supports_linear(weight):
-        return None
-    return _op("pack_linear_weight")(weight)
+    """`weight` [N, K] packed for `linear`, or None where that kernel cannot take it."""
+    return _op("pack_linear_weight")(weight) if takes_linear_weight(weight) else None
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

@@ -132,9 +132,9 @@ void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) 
         const bf16* b = weight + n * k_blocks * kTileElements;
         const bool two_n = n + 1 < n_blocks;
         for (int64_t m = pass; m < pass_end; m += 2 * kBlockRows) {
-          const RowBlock a[2] = {blocks[m], m + kBlockRows < pass_end ? blocks[m + kBlockRows] : blocks[m]};
-          bf16* o = dst + m * outputs + n * kBlockOutputs;
           const bool two_m = m + kBlockRows < pass_end;
+          const RowBlock a[2] = {blocks[m], two_m ? blocks[m + kBlockRows] : blocks[m]};
+          bf16* o = dst + m * outputs + n * kBlockOutputs;
           if (two_m && two_n) tile_products<2, 2>(a, b, k_blocks, o, outputs);
           else if (two_m) tile_products<2, 1>(a, b, k_blocks, o, outputs);
           else if (two_n) tile_products<1, 2>(a, b, k_blocks, o, outputs);

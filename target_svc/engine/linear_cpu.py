@@ -135,7 +135,7 @@ class LinearPlan:
         for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
-        if all(kernels.pack_linear_weight(w) is not None for w in weights):
+        if all(kernels.packs_linear_weight(w) for w in weights):
             return cls((AMX_TILES,) * len(ROW_BUCKETS))
         if weights[0].dtype != torch.float32:
             return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
