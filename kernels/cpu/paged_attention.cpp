@@ -131,26 +131,34 @@ class TileAttention {
 #endif
 
  public:
-  TileAttention(const Problem& p, const Tile& t, int64_t kv_head)
-      : p_(p), t_(t), kv_head_(kv_head),
-        group_(p.num_heads / p.num_kv_heads),
-        queries_(t.last - t.first),
-        rows_(queries_ * group_),
-        vecs_((p.head_dim + kLanes - 1) / kLanes),
-        lanes_(p.head_dim / P),
-        start_(p.context_start[t.seq]),
-        num_new_(p.query_start[t.seq + 1] - p.query_start[t.seq]),
-        first_new_(t.first - p.query_start[t.seq]),
-        tree_(p.tree_offsets[t.seq]),
-        table_(p.block_tables + t.seq * p.table_width),
-        q_(kDotProducts ? 0 : rows_ * p.head_dim),
-        q_lanes_(kDotProducts ? (rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_ : 0, 0),
-        acc_(rows_ * vecs_, f32x16{}),
-        keys_t_(kDotProducts ? 0 : kSubChunks * p.head_dim),
-        gathered_(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim),
-        chunk_scores_(p.amx ? rows_ * kSubChunks : 0), rescale_(p.amx ? rows_ : 0),
-        weights_(p.amx ? kTileRows * kChunk : 0), visible_(queries_ * kSubChunks), max_(rows_, kNegInf),
-        sum_(rows_, 0.0f) {}
+  // Sets the object up for one tile's queries of one KV head. Objects are reused tile after tile, so the
+  // buffers keep their capacity and a tile allocates nothing once the first few have run.
+  void reset(const Problem& p, const Tile& t, int64_t kv_head) {
+    p_ = &p;
+    t_ = &t;
+    kv_head_ = kv_head;
+    group_ = p.num_heads / p.num_kv_heads;
+    queries_ = t.last - t.first;
+    rows_ = queries_ * group_;
+    vecs_ = (p.head_dim + kLanes - 1) / kLanes;
+    lanes_ = p.head_dim / P;
+    start_ = p.context_start[t.seq];
+    num_new_ = p.query_start[t.seq + 1] - p.query_start[t.seq];
+    first_new_ = t.first - p.query_start[t.seq];
+    tree_ = p.tree_offsets[t.seq];
+    table_ = p.block_tables + t.seq * p.table_width;
+    q_.resize(kDotProducts ? 0 : rows_ * p.head_dim);
+    q_lanes_.assign(kDotProducts ? (rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_ : 0, 0);
+    acc_.assign(rows_ * vecs_, f32x16{});
+    keys_t_.resize(kDotProducts ? 0 : kSubChunks * p.head_dim);
+    gathered_.resize(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim);
+    chunk_scores_.resize(p.amx ? rows_ * kSubChunks : 0);
+    rescale_.resize(p.amx ? rows_ : 0);
+    weights_.resize(p.amx ? kTileRows * kChunk : 0);
+    visible_.resize(queries_ * kSubChunks);
+    max_.assign(rows_, kNegInf);
+    sum_.assign(rows_, 0.0f);
+  }
 
   // Past every position a query of the tile sees.
   int64_t limit() const { return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_; }
@@ -161,7 +169,7 @@ class TileAttention {
     find_keys(key_cache, chunk);
     find_values(value_cache, chunk);
     mark_visible(chunk);
-    if (p_.amx) return attend_tiles();
+    if (p_->amx) return attend_tiles();
     if constexpr (!kDotProducts) unpack_chunk();
     for (int64_t r = 0; r < rows_; r += kRowGroup) {
       switch (std::min(kRowGroup, rows_ - r)) {
@@ -177,11 +185,11 @@ class TileAttention {
     for (int64_t i = 0; i < queries_; ++i) {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t r = i * group_ + g;
-        const scalar_t* src = query + (t_.first + i) * p_.query_stride + (kv_head_ * group_ + g) * p_.head_dim;
+        const scalar_t* src = query + (t_->first + i) * p_->query_stride + (kv_head_ * group_ + g) * p_->head_dim;
         if constexpr (kDotProducts) {  // read as stored by the dot products and tiles
           std::memcpy(&q_lanes_[r * lanes_], src, lanes_ * sizeof(uint32_t));
         } else {
-          for (int64_t d = 0; d < p_.head_dim; ++d) q_[r * p_.head_dim + d] = static_cast<float>(src[d]) * p_.scale;
+          for (int64_t d = 0; d < p_->head_dim; ++d) q_[r * p_->head_dim + d] = static_cast<float>(src[d]) * p_->scale;
         }
       }
     }
@@ -192,10 +200,10 @@ class TileAttention {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t r = i * group_ + g;
         float row[kLanes];
-        scalar_t* dst = out + ((t_.first + i) * p_.num_heads + kv_head_ * group_ + g) * p_.head_dim;
+        scalar_t* dst = out + ((t_->first + i) * p_->num_heads + kv_head_ * group_ + g) * p_->head_dim;
         for (int64_t v = 0; v < vecs_; ++v) {
           std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
-          for (int64_t l = 0; l < kLanes && v * kLanes + l < p_.head_dim; ++l) {
+          for (int64_t l = 0; l < kLanes && v * kLanes + l < p_->head_dim; ++l) {
             dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
           }
         }
@@ -209,23 +217,23 @@ class TileAttention {
   // (block_size a multiple of 16) that is the cache itself; otherwise the positions are gathered into
   // gathered_. nullptr: the sub-chunk starts past the limit.
   void find_keys(const scalar_t* key_cache, int64_t chunk) {
-    const int64_t block_values = p_.head_dim * p_.block_size;  // of one KV head of one block
+    const int64_t block_values = p_->head_dim * p_->block_size;  // of one KV head of one block
     auto head_block = [&](int64_t position) {
-      return key_cache + (table_[position / p_.block_size] * p_.num_kv_heads + kv_head_) * block_values;
+      return key_cache + (table_[position / p_->block_size] * p_->num_kv_heads + kv_head_) * block_values;
     };
     for (int64_t c = 0; c < kSubChunks; ++c) {
       const int64_t first = chunk + c * kLanes;
       if (first >= chunk + count_) {
         groups_[c] = nullptr;
-      } else if (p_.block_size % kLanes == 0) {
-        groups_[c] = head_block(first) + first % p_.block_size * P;
-        stride_[c] = p_.block_size * P;
+      } else if (p_->block_size % kLanes == 0) {
+        groups_[c] = head_block(first) + first % p_->block_size * P;
+        stride_[c] = p_->block_size * P;
       } else {
-        scalar_t* dst = &gathered_[c * kLanes * p_.head_dim];
+        scalar_t* dst = &gathered_[c * kLanes * p_->head_dim];
         for (int64_t j = 0; j < kLanes; ++j) {
           const int64_t position = std::min(first + j, chunk + count_ - 1);  // past the limit: never seen
-          const scalar_t* src = head_block(position) + position % p_.block_size * P;
-          for (int64_t g = 0; g < lanes_; ++g) std::copy_n(src + g * p_.block_size * P, P, dst + (g * kLanes + j) * P);
+          const scalar_t* src = head_block(position) + position % p_->block_size * P;
+          for (int64_t g = 0; g < lanes_; ++g) std::copy_n(src + g * p_->block_size * P, P, dst + (g * kLanes + j) * P);
         }
         groups_[c] = dst;
         stride_[c] = kLanes * P;
@@ -235,11 +243,11 @@ class TileAttention {
 
   // Each of the chunk's positions' row of P positions in the packed value cache (its lane: position % P).
   void find_values(const scalar_t* value_cache, int64_t chunk) {
-    int64_t block = chunk / p_.block_size, offset = chunk % p_.block_size;  // walked, not divided, per key
+    int64_t block = chunk / p_->block_size, offset = chunk % p_->block_size;  // walked, not divided, per key
     for (int64_t j = 0; j < count_; ++j) {
-      value_rows_[j] = value_cache + ((table_[block] * p_.num_kv_heads + kv_head_) * p_.block_size + offset / P * P) *
-                                         p_.head_dim;
-      if (++offset == p_.block_size) {
+      value_rows_[j] = value_cache + ((table_[block] * p_->num_kv_heads + kv_head_) * p_->block_size + offset / P * P) *
+                                         p_->head_dim;
+      if (++offset == p_->block_size) {
         offset = 0;
         ++block;
       }
@@ -250,7 +258,7 @@ class TileAttention {
   void unpack_chunk() {
     for (int64_t c = 0; c < kSubChunks; ++c) {
       if (groups_[c] == nullptr) continue;  // its positions are never seen
-      for (int64_t g = 0; g < lanes_; ++g) unpack_keys(groups_[c] + g * stride_[c], &keys_t_[c * p_.head_dim + g * P]);
+      for (int64_t g = 0; g < lanes_; ++g) unpack_keys(groups_[c] + g * stride_[c], &keys_t_[c * p_->head_dim + g * P]);
     }
   }
 
@@ -269,7 +277,7 @@ class TileAttention {
         if (tree_ >= 0) {  // a tree query also sees its ancestors among the new tokens
           for (int64_t j = 0; j < kLanes; ++j) {
             const int64_t pos = first + j;
-            if (pos >= start_ && pos < limit && p_.tree_mask[tree_ + local * num_new_ + (pos - start_)]) sees[j] = -1;
+            if (pos >= start_ && pos < limit && p_->tree_mask[tree_ + local * num_new_ + (pos - start_)]) sees[j] = -1;
           }
         }
         visible_[i * kSubChunks + c] = sees;
@@ -300,11 +308,11 @@ class TileAttention {
   // Scores summed over d in order, from the unpacked keys.
   template <int N>
   void fma_scores(int64_t first_row, Scores* scores) const {
-    const float* q = &q_[first_row * p_.head_dim];
-    for (int64_t d = 0; d < p_.head_dim; ++d) {
+    const float* q = &q_[first_row * p_->head_dim];
+    for (int64_t d = 0; d < p_->head_dim; ++d) {
       for (int64_t c = 0; c < kSubChunks; ++c) {
-        const f32x16 keys = keys_t_[c * p_.head_dim + d];
-        for (int i = 0; i < N; ++i) scores[i][c] += q[i * p_.head_dim + d] * keys;
+        const f32x16 keys = keys_t_[c * p_->head_dim + d];
+        for (int i = 0; i < N; ++i) scores[i][c] += q[i * p_->head_dim + d] * keys;
       }
     }
   }
@@ -335,7 +343,7 @@ class TileAttention {
           even[i] = _mm512_dpbf16_ps(even[i], k_last, (__m512bh)_mm512_set1_epi32(q[i * lanes_ + g]));
         }
       }
-      for (int i = 0; i < N; ++i) scores[i][c] = bitcast<f32x16>(_mm512_add_ps(even[i], odd[i])) * p_.scale;
+      for (int i = 0; i < N; ++i) scores[i][c] = bitcast<f32x16>(_mm512_add_ps(even[i], odd[i])) * p_->scale;
     }
   }
 #else
@@ -353,14 +361,14 @@ class TileAttention {
       for (int64_t c = 0; c < kSubChunks; ++c) {
         if (groups_[c] == nullptr) continue;  // never seen: softmax() masks it
         _tile_zero(0);
-        for (int64_t d = 0; d < p_.head_dim; d += kTileDims) {
-          _tile_loadd(1, queries + first * p_.head_dim + d, p_.head_dim * sizeof(uint16_t));
+        for (int64_t d = 0; d < p_->head_dim; d += kTileDims) {
+          _tile_loadd(1, queries + first * p_->head_dim + d, p_->head_dim * sizeof(uint16_t));
           _tile_loadd(2, groups_[c] + d / P * stride_[c], stride_[c] * sizeof(scalar_t));
           _tile_dpbf16ps(0, 1, 2);
         }
         _tile_stored(0, tile, kLanes * sizeof(float));
         for (int64_t r = first; r < std::min(first + kTileRows, rows_); ++r) {
-          chunk_scores_[r * kSubChunks + c] = load16(&tile[(r - first) * kLanes]) * p_.scale;
+          chunk_scores_[r * kSubChunks + c] = load16(&tile[(r - first) * kLanes]) * p_->scale;
         }
       }
     }
@@ -376,7 +384,7 @@ class TileAttention {
     }
     if (!any) return;  // nothing visible here: every row's state stays exactly as it was
     alignas(64) float products[4][kTileRows * kLanes];
-    const int64_t pair_row = p_.head_dim * P * sizeof(scalar_t);  // bytes between a block's position pairs
+    const int64_t pair_row = p_->head_dim * P * sizeof(scalar_t);  // bytes between a block's position pairs
     for (int64_t first = 0; first < rows_; first += kTileRows) {
       const int64_t last = std::min(first + kTileRows, rows_);
       for (int64_t r = first; r < last; ++r) {
@@ -384,7 +392,7 @@ class TileAttention {
           store16(chunk_scores_[r * kSubChunks + c], &weights_[(r - first) * kChunk + c * kLanes]);
         }
       }
-      for (int64_t d = 0; d < p_.head_dim; d += kValueTileDims) {
+      for (int64_t d = 0; d < p_->head_dim; d += kValueTileDims) {
         _tile_zero(0);
         _tile_zero(5);
         _tile_zero(6);
@@ -462,7 +470,7 @@ class TileAttention {
     }
     for (int64_t j = 0; j < count_; ++j) {
       f32x16 values[kMost];
-      load_values(value_rows_[j], (chunk_ + j) % P, p_.head_dim, values);
+      load_values(value_rows_[j], (chunk_ + j) % P, p_->head_dim, values);
       for (int i = 0; i < N; ++i) {
         for (int64_t v = 0; v < vecs; ++v) sums[i][v] += w[i][j] * values[v];
       }
@@ -473,11 +481,11 @@ class TileAttention {
     }
   }
 
-  const Problem& p_;
-  const Tile& t_;
-  const int64_t kv_head_;
-  const int64_t group_, queries_, rows_, vecs_, lanes_, start_, num_new_, first_new_, tree_;
-  const int64_t* table_;
+  const Problem* p_ = nullptr;
+  const Tile* t_ = nullptr;
+  int64_t kv_head_ = 0;
+  int64_t group_ = 0, queries_ = 0, rows_ = 0, vecs_ = 0, lanes_ = 0, start_ = 0, num_new_ = 0, first_new_ = 0, tree_ = 0;
+  const int64_t* table_ = nullptr;
   std::vector<float> q_;                    // for the FMA scores, [rows][Dh], scaled
   std::vector<uint32_t> q_lanes_;           // for dot products and tiles, [rows padded to 16][Dh / P] as stored
   std::vector<f32x16> acc_, keys_t_;        // [rows][vecs]; [4][Dh] (see unpack_chunk)
@@ -519,19 +527,19 @@ std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t work
 }
 
 // A tile's KV heads advance chunk by chunk together, so each position's rows are read back to back.
+// `heads`: the calling thread's objects, one per KV head of the problem, reused tile after tile.
 template <typename scalar_t>
 void run_tile(const Problem& problem, const Tile& tile, const scalar_t* q, const scalar_t* k, const scalar_t* v,
-              scalar_t* o) {
-  std::vector<TileAttention<scalar_t>> heads;
-  heads.reserve(tile.kv_head_end - tile.kv_head);
-  for (int64_t h = tile.kv_head; h < tile.kv_head_end; ++h) {
-    heads.emplace_back(problem, tile, h);
-    heads.back().load_queries(q);
+              scalar_t* o, std::vector<TileAttention<scalar_t>>& heads) {
+  const auto tile_heads = heads.begin(), tile_heads_end = heads.begin() + (tile.kv_head_end - tile.kv_head);
+  for (auto head = tile_heads; head != tile_heads_end; ++head) {
+    head->reset(problem, tile, tile.kv_head + (head - tile_heads));
+    head->load_queries(q);
   }
-  for (int64_t chunk = 0; chunk < heads.front().limit(); chunk += kChunk) {
-    for (TileAttention<scalar_t>& head : heads) head.attend(k, v, chunk);
+  for (int64_t chunk = 0; chunk < tile_heads->limit(); chunk += kChunk) {
+    for (auto head = tile_heads; head != tile_heads_end; ++head) head->attend(k, v, chunk);
   }
-  for (const TileAttention<scalar_t>& head : heads) head.store(o);
+  for (auto head = tile_heads; head != tile_heads_end; ++head) head->store(o);
 }
 
 // Tiles handed out one at a time to every thread, so that the threads finish together.
@@ -551,8 +559,9 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
     if (problem.amx) registers.emplace({Shape{3, 16, 32},   // 16 positions' weights, bf16
                                         Shape{4, 8, 64}});  // 8 position pairs; the rest 16 x 64 bytes
 #endif
+    std::vector<TileAttention<scalar_t>> heads(problem.num_kv_heads);
     for (int64_t worker = begin; worker < end; ++worker) {
-      for (size_t i = next++; i < tiles.size(); i = next++) run_tile(problem, tiles[i], q, k, v, o);
+      for (size_t i = next++; i < tiles.size(); i = next++) run_tile(problem, tiles[i], q, k, v, o, heads);
     }
   });
 }

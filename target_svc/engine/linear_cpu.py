@@ -120,7 +120,9 @@ class LinearPlan:
 
     def by_rows(self, x: torch.Tensor, weight: torch.Tensor, rows: list[slice]) -> torch.Tensor:
         """self(x, weight), one call per slice of rows (covering x in order) unless any row count will do."""
-        if len(rows) == 1 or self.any_row_count:
+        if self.any_row_count:
+            return self._choices[0](x, weight)  # one formulation for every row count
+        if len(rows) == 1:
             return self(x, weight)
         return torch.cat([self(x[r], weight) for r in rows])
 
