@@ -9,6 +9,7 @@
 #include "vec.h"
 
 #include <cmath>
+#include <vector>
 
 namespace {
 
@@ -59,11 +60,38 @@ at::Tensor add_rms_norm(at::Tensor h, const c10::optional<at::Tensor>& delta, co
   return out;
 }
 
-// silu(x) = x * sigmoid(x), sigmoid through exp of a non-positive argument on both sides of 0.
-inline f32x16 silu(f32x16 x) {
-  const f32x16 e = exp_nonpositive(x > 0 ? -x : x);  // exp(-|x|)
-  const f32x16 sigmoid = (x > 0 ? f32x16{} + 1.0f : e) / (1.0f + e);
-  return x * sigmoid;
+// silu(x) = x / (1 + exp(-x)), rounded to scalar_t, for each of the 2^16 bit patterns of a 16-bit x,
+// as fp32: computed once as torch computes it, then looked up at a gather's cost.
+template <typename scalar_t>
+const float* silu_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> values(1 << 16);
+    for (int64_t first = 0; first < int64_t(values.size()); first += kLanes) {
+      float activated[kLanes];
+      for (int64_t i = 0; i < kLanes; ++i) {
+        const float x = c10::bit_cast<scalar_t>(static_cast<uint16_t>(first + i));
+        activated[i] = x / (1.0f + std::exp(-x));
+      }
+      store16(rounded<scalar_t>(load16(activated)), &values[first]);
+    }
+    return values;
+  }();
+  return table.data();
+}
+
+// silu of gate[i .. i+15] (rounded) from the table.
+template <typename scalar_t>
+inline f32x16 silu_lookup(const float* table, const scalar_t* gate, int64_t i, int64_t width) {
+  alignas(64) float activated[kLanes] = {};
+#ifdef __AVX512F__
+  if (i + kLanes <= width) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gate + i));
+    _mm512_store_ps(activated, _mm512_i32gather_ps(_mm512_cvtepu16_epi32(bits), table, sizeof(float)));
+    return load16(activated);
+  }
+#endif
+  for (int64_t l = 0; l < kLanes && i + l < width; ++l) activated[l] = table[gate[i + l].x];
+  return load16(activated);
 }
 
 // [T, 2I] (gate, then up) -> [T, I]: silu(gate) rounded, times up, rounded.
@@ -73,13 +101,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
   at::Tensor out = at::empty({rows, width}, gate_up.options());
   AT_DISPATCH_REDUCED_FLOATING_TYPES(gate_up.scalar_type(), "silu_mul", [&] {
+    const float* table = silu_table<scalar_t>();
     const scalar_t* in = gate_up.data_ptr<scalar_t>();
     scalar_t* dst = out.data_ptr<scalar_t>();
     at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const scalar_t* gate = in + r * 2 * width;
         for (int64_t i = 0; i < width; i += kLanes) {
-          const f32x16 activated = rounded<scalar_t>(silu(load_part(gate, i, width)));
+          const f32x16 activated = silu_lookup(table, gate, i, width);
           store_part(activated * load_part(gate + width, i, width), dst + r * width + i, width - i);
         }
       }

@@ -25,6 +25,7 @@ constexpr int64_t kBlockRows = 16;     // rows of x per tile
 constexpr int64_t kBlockOutputs = 16;  // outputs per weight tile
 constexpr int64_t kBlockInputs = 32;   // inputs per tile: 16 pairs
 constexpr int64_t kRowsPerPass = 256;  // rows whose x slice stays in L2 while the weight passes by
+constexpr int64_t kChunkBytes = 256 * 1024;  // of weight tiles a thread keeps in L2 for a pass
 
 bool supports_linear(const at::Tensor& weight) {
 #ifdef SPECD_AMX
@@ -117,28 +118,36 @@ void tile_products(const RowBlock* a, const bf16* b, int64_t k_blocks, bf16* out
   }
 }
 
-// Output blocks taken in pairs, split across threads; rows in passes of kRowsPerPass, in pairs of blocks.
+// Output blocks taken in pairs, split across threads. Rows go in passes of kRowsPerPass; within a pass,
+// each thread takes its weight pairs a chunk of about kChunkBytes at a time (kept in L2) and runs every
+// pair of row blocks of the pass (each in L1 while it meets the chunk's pairs) through it. The order
+// changes only which data is in cache, never how an output is summed.
 void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) {
   const RowBlocks blocks(x);
   const int64_t rows = x.size(0), n_blocks = packed.size(0), k_blocks = packed.size(1), outputs = out.size(1);
+  const int64_t pair_bytes = 2 * k_blocks * kTileElements * int64_t(sizeof(bf16));
+  const int64_t pairs_per_chunk = std::max<int64_t>(1, kChunkBytes / pair_bytes);
   const bf16* weight = packed.data_ptr<bf16>();
   bf16* dst = out.data_ptr<bf16>();
   at::parallel_for(0, (n_blocks + 1) / 2, 1, [&](int64_t begin, int64_t end) {
     const TileRegisters tiles;
     for (int64_t pass = 0; pass < rows; pass += kRowsPerPass) {
       const int64_t pass_end = std::min(rows, pass + kRowsPerPass);
-      for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t n = 2 * pair;
-        const bf16* b = weight + n * k_blocks * kTileElements;
-        const bool two_n = n + 1 < n_blocks;
+      for (int64_t chunk = begin; chunk < end; chunk += pairs_per_chunk) {
+        const int64_t chunk_end = std::min(end, chunk + pairs_per_chunk);
         for (int64_t m = pass; m < pass_end; m += 2 * kBlockRows) {
           const bool two_m = m + kBlockRows < pass_end;
           const RowBlock a[2] = {blocks[m], two_m ? blocks[m + kBlockRows] : blocks[m]};
-          bf16* o = dst + m * outputs + n * kBlockOutputs;
-          if (two_m && two_n) tile_products<2, 2>(a, b, k_blocks, o, outputs);
-          else if (two_m) tile_products<2, 1>(a, b, k_blocks, o, outputs);
-          else if (two_n) tile_products<1, 2>(a, b, k_blocks, o, outputs);
-          else tile_products<1, 1>(a, b, k_blocks, o, outputs);
+          for (int64_t pair = chunk; pair < chunk_end; ++pair) {
+            const int64_t n = 2 * pair;
+            const bf16* b = weight + n * k_blocks * kTileElements;
+            const bool two_n = n + 1 < n_blocks;
+            bf16* o = dst + m * outputs + n * kBlockOutputs;
+            if (two_m && two_n) tile_products<2, 2>(a, b, k_blocks, o, outputs);
+            else if (two_m) tile_products<2, 1>(a, b, k_blocks, o, outputs);
+            else if (two_n) tile_products<1, 2>(a, b, k_blocks, o, outputs);
+            else tile_products<1, 1>(a, b, k_blocks, o, outputs);
+          }
         }
       }
     }

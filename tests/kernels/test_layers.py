@@ -39,7 +39,16 @@ def test_add_rms_norm_matches_the_reference(dtype, dim, with_delta):
 @pytest.mark.parametrize("width", [1536, 24])
 def test_silu_mul_matches_the_reference(dtype, width):
     gate_up = randn(5, 2 * width, dtype=dtype, scale=4.0)
-    torch.testing.assert_close(cpu.silu_mul(gate_up), reference.silu_mul(gate_up), atol=1e-6, rtol=2 ** -7)
+    assert torch.equal(cpu.silu_mul(gate_up), reference.silu_mul(gate_up))
+
+
+@compiled
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_silu_mul_equals_the_reference_for_every_gate_value(dtype):
+    """The activation is looked up in a table of all 2^16 values of the dtype: each entry must be exact."""
+    gate = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype).reshape(1, -1)
+    gate_up = torch.cat([gate, torch.ones_like(gate)], dim=1)  # up = 1: the output is silu(gate), rounded
+    torch.testing.assert_close(cpu.silu_mul(gate_up), reference.silu_mul(gate_up), rtol=0, atol=0, equal_nan=True)
 
 
 @compiled
