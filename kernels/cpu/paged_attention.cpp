@@ -44,7 +44,7 @@ namespace {
 
 using namespace specd_cpu;
 
-constexpr int64_t kQueryTile = 8;  // queries of one sequence sharing every key they load
+constexpr int64_t kQueryTile = 32;  // queries of one sequence sharing every key they load
 constexpr int64_t kRowGroup = 4;   // query vectors scored and weighted together
 constexpr int64_t kSubChunks = 4;  // key positions come in chunks of 4 x 16: one online-softmax update each
 constexpr int64_t kChunk = kSubChunks * kLanes;
@@ -199,13 +199,9 @@ class TileAttention {
     for (int64_t i = 0; i < queries_; ++i) {
       for (int64_t g = 0; g < group_; ++g) {
         const int64_t r = i * group_ + g;
-        float row[kLanes];
         scalar_t* dst = out + ((t_->first + i) * p_->num_heads + kv_head_ * group_ + g) * p_->head_dim;
-        for (int64_t v = 0; v < vecs_; ++v) {
-          std::memcpy(row, &acc_[r * vecs_ + v], sizeof(row));
-          for (int64_t l = 0; l < kLanes && v * kLanes + l < p_->head_dim; ++l) {
-            dst[v * kLanes + l] = static_cast<scalar_t>(row[l] / sum_[r]);
-          }
+        for (int64_t v = 0; v < vecs_; ++v) {  // lane-wise division: the same bits as dividing one by one
+          store_part(acc_[r * vecs_ + v] / sum_[r], dst + v * kLanes, p_->head_dim - v * kLanes);
         }
       }
     }
@@ -437,8 +433,7 @@ class TileAttention {
       scores[c] = visible[c] ? scores[c] : f32x16{} + kNegInf;
       most = most > scores[c] ? most : scores[c];
     }
-    float chunk_max = kNegInf;
-    for (int64_t j = 0; j < kLanes; ++j) chunk_max = std::max(chunk_max, most[j]);
+    const float chunk_max = lane_max(most);
     rescale = 1.0f;
     if (chunk_max == kNegInf) {
       for (int64_t c = 0; c < kSubChunks; ++c) scores[c] = f32x16{};

@@ -101,14 +101,27 @@ inline void load_row(const scalar_t* src, int64_t n, f32x16* dst) {
   for (int64_t d = 0; d < n; d += kLanes) dst[d / kLanes] = load_part(src, d, n);
 }
 
-// Sum of the 16 lanes, always in the same order.
+// Sum of the 16 lanes, always in the same order: halves added lane by lane, 8 + 8, 4 + 4, 2 + 2, 1 + 1.
 inline float lane_sum(f32x16 v) {
+#ifdef __AVX512F__
+  return _mm512_reduce_add_ps(v);  // the same tree, by shuffles
+#endif
   float lanes[kLanes];
   std::memcpy(lanes, &v, sizeof(lanes));
   for (int64_t width = kLanes / 2; width > 0; width /= 2) {
     for (int64_t i = 0; i < width; ++i) lanes[i] += lanes[i + width];
   }
   return lanes[0];
+}
+
+// Largest of the 16 lanes.
+inline float lane_max(f32x16 v) {
+#ifdef __AVX512F__
+  return _mm512_reduce_max_ps(v);
+#endif
+  float most = v[0];
+  for (int64_t j = 1; j < kLanes; ++j) most = std::max(most, v[j]);
+  return most;
 }
 
 // exp(x) for x <= 0, lane-wise (Cephes' expf, ~1 ulp). exp(0) is exactly 1, exp(-inf) exactly 0.

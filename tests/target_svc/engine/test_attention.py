@@ -1,12 +1,15 @@
 """The attention plan: block tables, query layout and tree masks every layer's kernel call reads."""
+import pytest
 import torch
 
-from kernels import reference
+from kernels import cpu, reference
 from target_svc.engine.attention import PagedAttention, SeqSpan, matmul_rows, tree_masks
 from target_svc.engine.kv_cache import KVCache
 
 
-def test_prompts_from_their_first_token_are_prefills_the_rest_go_to_the_paged_kernel():
+def test_off_the_cpu_kernel_prompts_from_their_first_token_go_through_sdpa_the_rest_to_the_paged_kernel(
+        monkeypatch):
+    monkeypatch.setenv("SPECD_KERNELS", "torch")  # the reference kernel, as on CUDA the Triton one
     cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=4, num_blocks=8, block_size=4)
     spans = [SeqSpan(start=0, num_new=3, blocks=[4]), SeqSpan(start=5, num_new=2, blocks=[3, 1]),
              SeqSpan(start=0, num_new=2, blocks=[5], parents=[-1, -1]), SeqSpan(start=1, num_new=1, blocks=[6])]
@@ -19,12 +22,23 @@ def test_prompts_from_their_first_token_are_prefills_the_rest_go_to_the_paged_ke
     assert plan.tree_offsets.tolist() == [-1, 0, -1]
 
 
-def test_paged_rows_between_prefills_are_indexed():
+def test_paged_rows_between_prefills_are_indexed(monkeypatch):
+    monkeypatch.setenv("SPECD_KERNELS", "torch")
     cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=4, num_blocks=8, block_size=4)
     spans = [SeqSpan(start=2, num_new=1, blocks=[0]), SeqSpan(start=0, num_new=2, blocks=[1]),
              SeqSpan(start=3, num_new=2, blocks=[2, 3])]
     plan = PagedAttention(spans, torch.arange(5), cache)
     assert plan.prefill_rows == [slice(1, 3)] and plan.paged_rows.tolist() == [0, 3, 4]
+
+
+@pytest.mark.skipif(not cpu.compiled(), reason="the CPU kernels do not build here")
+def test_with_the_cpu_kernel_every_query_prompts_included_goes_to_the_paged_kernel(monkeypatch):
+    monkeypatch.delenv("SPECD_KERNELS", raising=False)
+    cache = KVCache(num_layers=1, num_kv_heads=1, head_dim=4, num_blocks=8, block_size=4)
+    spans = [SeqSpan(start=0, num_new=3, blocks=[4]), SeqSpan(start=5, num_new=2, blocks=[3, 1])]
+    plan = PagedAttention(spans, torch.arange(5), cache)
+    assert plan.prefill_rows == [] and plan.paged_rows == slice(0, 5)
+    assert plan.context_start.tolist() == [0, 5]
 
 
 def test_a_chain_given_as_parents_is_a_chain():
@@ -52,7 +66,7 @@ def test_attend_reads_what_write_put_in_the_cache():
     keys, values = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     weights = torch.einsum("hd,khd->hk", q[5] / 8 ** 0.5, keys).softmax(-1)
     assert torch.allclose(out[5], torch.einsum("hk,khd->hd", weights, values).flatten(), atol=1e-5)
-    # Next forward: two drafts after those six tokens (paged kernel) beside another prompt (SDPA).
+    # Next forward: two drafts after those six tokens beside another prompt.
     spans = [SeqSpan(start=6, num_new=2, blocks=[2, 0]), SeqSpan(start=0, num_new=3, blocks=[3])]
     step = PagedAttention(spans, torch.tensor([2, 3, 12, 13, 14]), cache)
     k, v, q = torch.randn(5, 2, 8), torch.randn(5, 2, 8), torch.randn(5, 4, 8)

@@ -264,6 +264,19 @@ def test_in_bf16_a_token_gets_the_same_logits_alone_or_verified_among_drafts_bes
     assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))
 
 
+def test_in_bf16_a_prompt_prefilled_in_pieces_gets_the_logits_it_gets_in_one_forward(tiny_model_dir):
+    """What chunked prefill needs: a prompt's bits do not depend on how its tokens are split across forwards."""
+    prompt = tokens(50, 24)
+    bf16 = EngineConfig(dtype=torch.bfloat16)
+    whole = ModelRunner(tiny_model_dir, kv_cache_tokens=256, block_size=4, engine=bf16)
+    expected = whole.forward([SequenceInput("s", prompt, 0, 50)])
+    pieces = ModelRunner(tiny_model_dir, kv_cache_tokens=256, block_size=4, engine=bf16)
+    first = pieces.forward([SequenceInput("s", prompt[:17], 0, 17)])
+    rest = pieces.forward([SequenceInput("s", prompt[17:], 17, 33), SequenceInput("o", tokens(9, 25), 0, 1)])[:33]
+    got = torch.cat([first, rest])
+    assert torch.equal(got, expected)
+
+
 def test_the_runner_says_whether_its_logits_are_batch_invariant(tiny_model_dir, monkeypatch):
     bf16 = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4, engine=EngineConfig(dtype=torch.bfloat16))
     assert bf16.batch_invariant  # oneDNN's bf16 matmuls keep rows independent here, and the kernel does
