@@ -21,3 +21,8 @@ UPSTREAM_TIMEOUT_S = 600.0
 DRAFTER_MAX_SEQUENCES = 4096
 DRAFTER_MAX_TOKENS_HELD = 1_000_000  # ~0.7 GB of RSS with the n-gram index over them (measured)
 DRAFTER_IDLE_TIMEOUT_S = 300.0
+
+# Target scheduling: the most tokens in one forward pass (decodes and drafts first, then prompt chunks),
+# and the most requests queued for admission before new ones get RESOURCE_EXHAUSTED.
+MAX_STEP_TOKENS = 2048
+MAX_WAITING = 1024

@@ -173,6 +173,12 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="KV cache capacity in GiB instead of tokens (bf16 fits twice the tokens of fp32)")
     _add_engine_flags(target)
     target.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
+    target.add_argument("--max-step-tokens", type=int, default=defaults.MAX_STEP_TOKENS,
+                        help="most tokens in one forward pass (vLLM's max_num_batched_tokens): decodes and their "
+                             f"drafts first, then prompts in chunks (default {defaults.MAX_STEP_TOKENS})")
+    target.add_argument("--max-waiting", type=int, default=defaults.MAX_WAITING,
+                        help="most requests queued for admission; beyond it, RESOURCE_EXHAUSTED at once "
+                             f"(default {defaults.MAX_WAITING})")
     target.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of requests that do not set it (default 256)")
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -264,7 +270,8 @@ def _serve(args: argparse.Namespace) -> int:
             default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
             draft_token_cost=args.draft_token_cost, drafter_startup_timeout_s=args.drafter_startup_timeout,
             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gib=args.kv_cache_memory,
-            engine=_engine_of(args), max_num_seqs=args.max_num_seqs,
+            engine=_engine_of(args), max_num_seqs=args.max_num_seqs, max_step_tokens=args.max_step_tokens,
+            max_waiting=args.max_waiting,
             default_max_tokens=args.default_max_tokens, num_threads=args.threads,
             shutdown_grace_s=args.shutdown_grace)))
     elif args.service == "gateway":

@@ -20,6 +20,17 @@ class TargetMetrics:
         self.requests_finished = Counter("specd_requests_finished",
                                          "Finished sequences, by finish reason (stop, length, aborted, error)",
                                          ["reason"], registry=r)
+        self.requests_rejected = Counter(
+            "specd_requests_rejected",
+            "Requests refused with RESOURCE_EXHAUSTED because the waiting queue was full (--max-waiting)", registry=r)
+        self.preemptions = Counter(
+            "specd_preemptions",
+            "Running sequences whose KV blocks were taken back when the cache ran out; each is recomputed "
+            "from its tokens later, its output unchanged", registry=r)
+        self.prefill_chunks = Counter(
+            "specd_prefill_chunks",
+            "Prompt pieces prefilled in a step without completing the prompt (chunked prefill: "
+            "--max-step-tokens, or the KV blocks free)", registry=r)
         self.queue_time = Histogram("specd_request_queue_time_seconds",
                                     "Seconds from a request's arrival to its admission into the running batch",
                                     registry=r, buckets=LATENCY_BUCKETS)

@@ -1,10 +1,14 @@
 """Continuous batching: requests join and leave between steps.
 
 One step, for every running sequence at once: ask the drafters (with a
-deadline), run ONE forward pass over prompts being prefilled and every decoding
-sequence's last token plus drafts, verify, roll back rejected KV entries and
-stream the committed tokens. Model compute runs on a worker thread, never on
-the event loop. An error that belongs to one sequence fails that sequence only.
+deadline), plan the step within a token budget (`max_step_tokens`: decodes
+first, each with its draft, then prompt chunks), run ONE forward pass, verify,
+roll back rejected KV entries and stream the committed tokens. KV blocks are
+taken as sequences grow; when a step's decodes do not fit, their drafts go
+first, then the newest sequences are preempted (blocks freed, recomputed from
+their tokens later, the output unchanged). Model compute runs on a worker
+thread, never on the event loop. An error that belongs to one sequence fails
+that sequence only.
 """
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 
+from specd import defaults
 from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.drafters import Drafters
@@ -28,22 +34,58 @@ from target_svc.verifier import VerifyInput, VerifyResult, verify
 
 log = logging.getLogger(__name__)
 
+# Share of the KV blocks admission leaves free, so that running sequences can grow a while before
+# anyone is preempted.
+ADMISSION_WATERMARK = 0.01
+
+
+@dataclass
+class Scheduled:
+    """One sequence's share of a step: a decode (its newest token plus `draft`) or `num_new` tokens of
+    the prefill (a prompt, or the tokens of a preempted sequence)."""
+    seq: Sequence
+    draft: list[int] = field(default_factory=list)
+    num_new: int = 1
+
+    @property
+    def is_decode(self) -> bool:
+        return not self.seq.in_prefill
+
+    @property
+    def end(self) -> int:
+        """Tokens the cache holds for the sequence once this step's are written."""
+        return self.seq.num_computed + (1 + len(self.draft) if self.is_decode else self.num_new)
+
+    @property
+    def wants_logits(self) -> bool:
+        """A decode, or the chunk that completes a prompt: its last position gives the first token."""
+        seq = self.seq
+        return self.is_decode or (seq.num_output == 0 and self.end == seq.prefill_target)
+
+    def input(self) -> SequenceInput:
+        seq = self.seq
+        if self.is_decode:
+            return SequenceInput(seq.request_id, [seq.tokens[-1], *self.draft], seq.num_computed, len(self.draft) + 1)
+        return SequenceInput(seq.request_id, seq.tokens[seq.num_computed:self.end], seq.num_computed,
+                             int(self.wants_logits))
+
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, compute_thread: ThreadPoolExecutor, drafters: Drafters,
-                 metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = 4096,
-                 draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST):
+                 metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = defaults.MAX_STEP_TOKENS,
+                 draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST, max_waiting: int = defaults.MAX_WAITING):
+        if max_step_tokens < max_num_seqs:
+            raise ValueError(f"max_step_tokens ({max_step_tokens}) must be at least max_num_seqs ({max_num_seqs}): "
+                             "every running sequence decodes at least one token a step")
         self._runner = runner
         self._drafters = drafters
         self._draft_token_cost = draft_token_cost
         self._metrics = metrics
         self._max_num_seqs = max_num_seqs
         self._max_step_tokens = max_step_tokens
+        self._max_waiting = max_waiting
         self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []
-        # Blocks promised to admitted sequences for their worst case, so a
-        # running sequence never runs out of KV memory mid-generation.
-        self._promised_blocks: dict[str, int] = {}
+        self._running: list[Sequence] = []  # in admission order: the newest last, preempted first
         self._wake = asyncio.Event()
         self._compute_thread = compute_thread
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
@@ -55,6 +97,10 @@ class Scheduler:
             raise ResourceExhausted(f"prompt_token_ids: {len(seq.prompt)} prompt tokens + {seq.max_tokens} max tokens "
                                     f"need more KV cache than the server has "
                                     f"({self._runner.allocator.num_blocks * self._runner.allocator.block_size} tokens)")
+        if len(self._waiting) >= self._max_waiting:
+            self._metrics.requests_rejected.inc()
+            raise ResourceExhausted(f"the server is at capacity: {len(self._waiting)} requests are waiting "
+                                    f"(--max-waiting {self._max_waiting}); retry later")
         self._waiting.append(seq)
         self._metrics.requests_waiting.set(len(self._waiting))
         self._wake.set()
@@ -80,88 +126,146 @@ class Scheduler:
 
     async def step(self) -> None:
         self._drop_aborted()
-        prefills = self._admit()
         decodes = [s for s in self._running if not s.in_prefill]
-        if not prefills and not decodes:
-            return
-        drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes])
-        batch = prefills + decodes
+        drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes]) if decodes else {}
         # The target alone decides how much of each draft to verify: it knows what verifying costs.
-        seq_drafts = [worth_verifying(drafts[s.request_id], self._draft_token_cost) if s.request_id in drafts else []
-                      for s in batch]
-        outcomes = await asyncio.get_running_loop().run_in_executor(
-            self._compute_thread, self._run_batch, batch, seq_drafts)
-        for seq, draft, outcome in zip(batch, seq_drafts, outcomes):
+        wanted = {s.request_id: worth_verifying(d, self._draft_token_cost) for s, d in
+                  ((s, drafts.get(s.request_id)) for s in decodes) if d is not None}
+        plan = self._plan(decodes, wanted)
+        if not plan:
+            return
+        outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
+        for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):
-                self._fail(seq)
+                self._fail(item.seq)
+            elif outcome is None:  # a prompt chunk with more to come
+                item.seq.num_computed = item.end
             else:
-                self._commit(seq, draft, outcome)
+                self._commit(item.seq, item.draft, outcome)
         self._update_gauges()
 
-    def _run_batch(self, batch: list[Sequence], seq_drafts: list[list[int]]) -> list[VerifyResult | Exception]:
-        """Worker thread: the step's forward and verification. If the batch fails, its sequences
-        are run one at a time, so only the sequence the error belongs to fails."""
+    # -- planning a step ------------------------------------------------------
+
+    def _plan(self, decodes: list[Sequence], drafts: dict[str, list[int]]) -> list[Scheduled]:
+        """The step's work within the token budget and the free KV blocks: every decode (drafts trimmed
+        to the budget, dropped and then the newest sequences preempted where memory is short), then
+        prompt chunks of the running sequences, then newly admitted ones, in order."""
+        decoding = self._fit_decodes([Scheduled(s, drafts.get(s.request_id, [])) for s in decodes])
+        budget = self._max_step_tokens - sum(1 + len(item.draft) for item in decoding)
+        free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
+        prefilling: list[Scheduled] = []
+        for seq in [s for s in self._running if s.in_prefill]:
+            item = self._chunk(seq, budget, free)
+            if item is None:  # the budget or the memory is spent: later prompts, new ones too, wait their turn
+                return decoding + self._count_chunks(prefilling)
+            prefilling.append(item)
+            budget, free = budget - item.num_new, free - self._new_blocks(item)
+        watermark = math.ceil(ADMISSION_WATERMARK * self._runner.allocator.num_blocks)
+        while self._waiting and len(self._running) < self._max_num_seqs:
+            item = self._chunk(self._waiting[0], budget, free - watermark)
+            if item is None:
+                break
+            self._admit(self._waiting.popleft())
+            prefilling.append(item)
+            budget, free = budget - item.num_new, free - self._new_blocks(item)
+        return decoding + self._count_chunks(prefilling)
+
+    def _count_chunks(self, prefilling: list[Scheduled]) -> list[Scheduled]:
+        self._metrics.prefill_chunks.inc(sum(item.end < item.seq.prefill_target for item in prefilling))
+        return prefilling
+
+    def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
+        """Drafts trimmed to the token budget (every decode keeps its one token); where the free blocks
+        cannot hold the step, the drafts go, then the newest running sequences, until it fits."""
+        spare = self._max_step_tokens - len(decoding)
+        for item in decoding:
+            item.draft = item.draft[:max(spare, 0)]
+            spare -= len(item.draft)
+        while sum(self._new_blocks(item) for item in decoding) > self._runner.allocator.num_free_blocks:
+            if any(item.draft for item in decoding):
+                for item in decoding:
+                    item.draft = []
+                continue
+            victim = self._running[-1]
+            self._preempt(victim)
+            decoding = [item for item in decoding if item.seq is not victim]
+        return decoding
+
+    def _chunk(self, seq: Sequence, budget: int, free_blocks: int) -> Scheduled | None:
+        """The next piece of `seq`'s prefill that fits the budget and the free blocks, or None."""
+        item = Scheduled(seq, num_new=min(seq.prefill_target - seq.num_computed, budget))
+        if item.num_new <= 0:
+            return None
+        while item.num_new > 0 and self._new_blocks(item) > free_blocks:  # what memory there is, block by block
+            item.num_new = (item.end - 1) // self._runner.allocator.block_size * self._runner.allocator.block_size \
+                - seq.num_computed
+        return item if item.num_new > 0 else None
+
+    def _new_blocks(self, item: Scheduled) -> int:
+        return self._runner.allocator.blocks_needed(item.seq.request_id, item.end)
+
+    # -- running a step ------------------------------------------------------------
+
+    def _run_batch(self, plan: list[Scheduled]) -> list[VerifyResult | Exception | None]:
+        """Worker thread: the step's forward and verification (None for a prompt chunk with more to
+        come). If the batch fails, its sequences are run one at a time, so only the sequence the
+        error belongs to fails."""
         try:
-            return self._forward_and_verify(batch, seq_drafts)
+            return self._forward_and_verify(plan)
         except Exception as error:
-            for seq in batch:  # whatever the failed pass wrote past the committed tokens goes
-                self._runner.allocator.truncate(seq.request_id, seq.num_computed)
-            if len(batch) == 1:
-                log.exception("sequence %s failed in the decoding step", batch[0].request_id)
+            for item in plan:  # whatever the failed pass wrote past the committed tokens goes
+                self._runner.allocator.truncate(item.seq.request_id, item.seq.num_computed)
+            if len(plan) == 1:
+                log.exception("sequence %s failed in the decoding step", plan[0].seq.request_id)
                 return [error]
-            log.warning("a step of %d sequences failed (%r); running them one at a time", len(batch), error)
-            return [self._run_batch([seq], [draft])[0] for seq, draft in zip(batch, seq_drafts)]
+            log.warning("a step of %d sequences failed (%r); running them one at a time", len(plan), error)
+            return [self._run_batch([item])[0] for item in plan]
 
     @torch.inference_mode()  # the logits come from the model under it; the processors write into them
-    def _forward_and_verify(self, batch: list[Sequence], seq_drafts: list[list[int]]) -> list[VerifyResult]:
-        """One forward pass over the whole batch, then verification."""
+    def _forward_and_verify(self, plan: list[Scheduled]) -> list[VerifyResult | None]:
+        """One forward pass over the whole batch, then verification of the rows that have logits."""
         started = time.perf_counter()
-        inputs = [self._input_of(seq, draft) for seq, draft in zip(batch, seq_drafts)]
+        inputs = [item.input() for item in plan]
         logits = self._runner.forward(inputs)
-        results = verify(logits, [VerifyInput(s.sampling, s.tokens, d, s.generator) for s, d in zip(batch, seq_drafts)])
+        verified = [item for item in plan if item.wants_logits]
+        results = iter(verify(logits, [VerifyInput(i.seq.sampling, i.seq.tokens, i.draft, i.seq.generator)
+                                       for i in verified])) if verified else iter(())
         self._metrics.forward_time.observe(time.perf_counter() - started)
-        self._metrics.step_batch_size.observe(len(batch))
+        self._metrics.step_batch_size.observe(len(plan))
         self._metrics.step_tokens.observe(sum(len(i.token_ids) for i in inputs))
-        return results
+        return [next(results) if item.wants_logits else None for item in plan]
 
-    @staticmethod
-    def _input_of(seq: Sequence, draft: list[int]) -> SequenceInput:
-        if seq.in_prefill:
-            return SequenceInput(seq.request_id, seq.prompt, 0, 1)
-        return SequenceInput(seq.request_id, [seq.tokens[-1], *draft], seq.num_computed, len(draft) + 1)
+    # -- admission, preemption and retirement ----------------------------------
 
-    # -- admission and retirement ---------------------------------------------
-
-    def _admit(self) -> list[Sequence]:
-        admitted: list[Sequence] = []
-        budget = self._max_step_tokens
-        free = self._runner.allocator.num_blocks - sum(self._promised_blocks.values())
-        while self._waiting and len(self._running) < self._max_num_seqs:
-            seq = self._waiting[0]
-            blocks = self._blocks_needed(seq)
-            if blocks > free or (admitted and len(seq.prompt) > budget):
-                break
-            self._waiting.popleft()
-            free -= blocks
-            budget -= len(seq.prompt)
-            self._promised_blocks[seq.request_id] = blocks
-            seq.status, seq.scheduled_at = SequenceStatus.RUNNING, time.perf_counter()
+    def _admit(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        if seq.scheduled_at is None:  # the first admission; a preempted sequence comes back in its place
+            seq.scheduled_at = time.perf_counter()
             self._metrics.queue_time.observe(seq.scheduled_at - seq.clock.started)
-            self._running.append(seq)
-            admitted.append(seq)
-        self._update_gauges()
-        return admitted
+        self._running.append(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free `seq`'s KV blocks and put it first in line: it is recomputed from its tokens when
+        memory allows, and its output does not change (the logits are batch invariant)."""
+        log.info("preempting %s (%d tokens): the KV cache is full", seq.request_id, len(seq.tokens))
+        self._runner.allocator.free(seq.request_id)
+        self._running.remove(seq)
+        seq.preempt()
+        self._waiting.appendleft(seq)
+        self._metrics.preemptions.inc()
 
     def _blocks_needed(self, seq: Sequence) -> int:
+        """KV blocks of the sequence at its longest: more than the cache has, and it can never finish."""
         worst_tokens = len(seq.prompt) + seq.max_tokens + seq.speculative.num_speculative_tokens
         return math.ceil(worst_tokens / self._runner.allocator.block_size)
 
     def _drop_aborted(self) -> None:
         for seq in [s for s in self._running if s.aborted]:
             self._finish(seq, "aborted")
-        for seq in [s for s in self._waiting if s.aborted]:
+        for seq in [s for s in self._waiting if s.aborted]:  # never admitted, or preempted: no KV blocks
             seq.status = SequenceStatus.FINISHED
             self._waiting.remove(seq)
+            self._drafters.release(seq)
         self._update_gauges()
 
     def _fail(self, seq: Sequence) -> None:
@@ -171,7 +275,6 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED
         self._runner.allocator.free(seq.request_id)
-        self._promised_blocks.pop(seq.request_id, None)
         self._drafters.release(seq)
         self._running.remove(seq)
         self._metrics.requests_finished.labels(reason).inc()

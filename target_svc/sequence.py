@@ -23,7 +23,7 @@ class StepOutput:
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"  # submitted, not yet admitted (no KV memory)
+    WAITING = "waiting"  # submitted, not yet admitted, or preempted (no KV memory)
     RUNNING = "running"  # admitted: prefilling or decoding
     FINISHED = "finished"  # done, failed or aborted; its KV memory is freed
 
@@ -42,9 +42,10 @@ class Sequence:
     scheduled_at: float | None = None
     aborted: bool = False  # the client went away: drop at the next step boundary
     status: SequenceStatus = SequenceStatus.WAITING
-    # Tokens whose K/V the cache holds for good: 0 until the prompt's prefill, then all but the
-    # newest token (the next step feeds it in).
+    # Tokens whose K/V the cache holds for good: the prompt's tokens prefilled so far (a long prompt
+    # takes several steps), then all but the newest token (the next step feeds it in).
     num_computed: int = 0
+    preemptions: int = 0  # times its KV cache was taken back for others
 
     def __post_init__(self):
         # Prompt + output in one list that only grows: the decode step reads it every step.
@@ -58,8 +59,19 @@ class Sequence:
         return len(self.tokens) - len(self.prompt)
 
     @property
+    def prefill_target(self) -> int:
+        """Tokens whose K/V the cache must hold before the sequence decodes: its prompt; after a
+        preemption freed its cache, every token but the newest (the next decoding step feeds that one in)."""
+        return len(self.prompt) if self.num_output == 0 else len(self.tokens) - 1
+
+    @property
     def in_prefill(self) -> bool:
-        return self.num_computed < len(self.prompt)
+        return self.num_computed < self.prefill_target
+
+    def preempt(self) -> None:
+        """Its KV cache was freed: back to waiting, to be recomputed from its tokens so far."""
+        self.status, self.num_computed = SequenceStatus.WAITING, 0
+        self.preemptions += 1
 
     @property
     def remaining(self) -> int:

@@ -39,6 +39,8 @@ class TargetOptions:
     kv_cache_tokens: int = 32768
     kv_cache_memory_gib: float | None = None  # instead of kv_cache_tokens: as many tokens as fit in this memory
     max_num_seqs: int = 64
+    max_step_tokens: int = defaults.MAX_STEP_TOKENS
+    max_waiting: int = defaults.MAX_WAITING
     default_max_tokens: int = 256
     num_threads: int | None = None
     engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
@@ -62,7 +64,8 @@ class TargetService(Service):
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
-                                   max_num_seqs=options.max_num_seqs, draft_token_cost=options.draft_token_cost)
+                                   max_num_seqs=options.max_num_seqs, max_step_tokens=options.max_step_tokens,
+                                   draft_token_cost=options.draft_token_cost, max_waiting=options.max_waiting)
         info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
                                     vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
                                     default_max_tokens=options.default_max_tokens)

@@ -1,15 +1,19 @@
 """The scheduler's step loop on a tiny random model: what one sequence does never breaks another."""
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specd.errors import InternalError
+from specd.drafts import DraftTree
+from specd.errors import InternalError, ResourceExhausted
+from specd.options import OptionSchema
 from specd.types import SamplingParams, SpeculativeConfig
 from target_svc.drafting.drafters import Drafters
 from target_svc.metrics import TargetMetrics
+from target_svc.engine.config import EngineConfig
 from target_svc.engine.runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.sequence import Sequence, SequenceStatus
@@ -85,3 +89,131 @@ async def test_a_sequence_states_where_it_is_and_what_the_cache_holds(scheduler)
     while not (await seq.outputs.get()).finish_reason:
         pass
     assert seq.status == SequenceStatus.FINISHED and seq.num_computed == len(seq.tokens) - 1
+
+
+# -- chunked prefill, KV on demand, preemption, the waiting queue -------------------------------------
+
+class Oracle:
+    """Drafts the continuation a reference run produced, with its last guess wrong: most of every draft
+    is accepted and every step also rolls a rejected token back."""
+
+    method = "oracle"
+    schema = OptionSchema(method)
+
+    def __init__(self, outputs: dict[str, list[int]]):
+        self.outputs = outputs
+
+    async def start(self) -> None:
+        pass
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        drafts = {}
+        for seq, k in wanted:
+            guess = self.outputs[seq.request_id][seq.num_output:seq.num_output + k]
+            if guess:
+                guess[-1] = (guess[-1] + 1) % 64
+                drafts[seq.request_id] = DraftTree.chain(guess, [0.9] * len(guess))
+        return drafts
+
+    def release(self, sequence: Sequence) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+@contextlib.asynccontextmanager
+async def bf16_scheduler(tiny_model_dir, kv_cache_tokens: int = 1024, sources=(), **options):
+    """A running scheduler on the tiny model in bf16, whose logits are batch invariant: what makes a
+    chunked or recomputed prefill give the bits of a whole one."""
+    compute_thread = ThreadPoolExecutor(max_workers=1)
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=kv_cache_tokens, block_size=4,
+                         engine=EngineConfig(dtype=torch.bfloat16))
+    scheduler = Scheduler(runner, compute_thread, Drafters(list(sources), runner.vocab_size), TargetMetrics(),
+                          **options)
+    loop_task = asyncio.get_running_loop().create_task(scheduler.run())
+    try:
+        yield scheduler
+    finally:
+        loop_task.cancel()
+        await scheduler.close()
+
+
+def prompt_of(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 64, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def metric(scheduler: Scheduler, name: str) -> float:
+    return scheduler._metrics.registry.get_sample_value(name)
+
+
+async def test_a_long_prompt_is_prefilled_in_chunks_after_the_decodes_and_gets_the_output_it_gets_whole(
+        tiny_model_dir):
+    long_prompt = prompt_of(1, 40)
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        whole = await run_to_end(scheduler, sequence("long", long_prompt, max_tokens=10))
+    async with bf16_scheduler(tiny_model_dir, max_num_seqs=4, max_step_tokens=8) as scheduler:
+        short = sequence("short", max_tokens=30)
+        scheduler.submit(short)
+        await short.outputs.get()  # decoding now
+        chunked = await run_to_end(scheduler, sequence("long", long_prompt, max_tokens=10))
+        assert chunked == whole
+        assert metric(scheduler, "specd_prefill_chunks_total") >= 40 // 8 - 1
+        # Decodes go first: the short sequence kept its one token a step while the prompt went in pieces.
+        assert short.num_output >= 40 // 8
+
+
+@pytest.mark.parametrize("speculate", [False, True], ids=["none", "drafts"])
+async def test_when_the_kv_cache_runs_out_the_newest_sequences_are_preempted_and_outputs_do_not_change(
+        tiny_model_dir, speculate):
+    prompts = {f"s{i}": prompt_of(10 + i, 8 + 3 * i) for i in range(4)}
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = dict(zip(prompts, await asyncio.gather(
+            *(run_to_end(scheduler, sequence(name, p, max_tokens=20)) for name, p in prompts.items()))))
+    speculative = SpeculativeConfig(method="oracle", num_speculative_tokens=4) if speculate else NO_SPECULATION
+    sources = [Oracle(expected)] if speculate else []
+    # 48 tokens of cache for four sequences of up to 37: they cannot all be held at once.
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=48, sources=sources) as scheduler:
+        seqs = {name: Sequence(name, p, SamplingParams(max_tokens=20), speculative, 20, eos_token_ids=frozenset())
+                for name, p in prompts.items()}
+        got = dict(zip(seqs, await asyncio.gather(*(run_to_end(scheduler, s) for s in seqs.values()))))
+        assert got == expected
+        assert metric(scheduler, "specd_preemptions_total") > 0
+        assert sum(s.preemptions for s in seqs.values()) == metric(scheduler, "specd_preemptions_total")
+        assert kv_blocks_in_use(scheduler) == 0
+        if speculate:
+            assert sum(s.usage.accepted_draft_tokens for s in seqs.values()) > 0
+
+
+async def test_huge_max_tokens_hold_no_memory_until_tokens_exist(tiny_model_dir):
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=1024) as scheduler:
+        # Each could grow to nearly the whole cache; admission used to promise it that up front.
+        greedy = [sequence(f"long{i}", prompt_of(20 + i, 8), max_tokens=1000) for i in range(3)]
+        for seq in greedy:
+            scheduler.submit(seq)
+        small = await asyncio.wait_for(run_to_end(scheduler, sequence("small", max_tokens=8)), timeout=60)
+        assert len(small) == 8
+        assert all(seq.status == SequenceStatus.RUNNING for seq in greedy)
+        for seq in greedy:
+            scheduler.abort(seq)
+        while kv_blocks_in_use(scheduler):
+            await asyncio.sleep(0.01)
+
+
+async def test_beyond_max_waiting_a_request_gets_resource_exhausted_at_once(tiny_model_dir):
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4)
+    scheduler = Scheduler(runner, ThreadPoolExecutor(max_workers=1), Drafters([], runner.vocab_size),
+                          TargetMetrics(), max_waiting=2)  # no loop runs: nothing is admitted
+    scheduler.submit(sequence("a"))
+    scheduler.submit(sequence("b"))
+    with pytest.raises(ResourceExhausted, match="--max-waiting 2"):
+        scheduler.submit(sequence("c"))
+    assert metric(scheduler, "specd_requests_rejected_total") == 1
+    await scheduler.close()
+
+
+def test_a_step_budget_below_the_batch_size_is_refused(tiny_model_dir):
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4)
+    with pytest.raises(ValueError, match="max_step_tokens"):
+        Scheduler(runner, ThreadPoolExecutor(max_workers=1), Drafters([], runner.vocab_size), TargetMetrics(),
+                  max_num_seqs=8, max_step_tokens=4)
