@@ -18,7 +18,6 @@ from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
-from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
     "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
@@ -165,9 +164,6 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--drafter-startup-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long to wait at start for a drafter to describe its options; one still down "
                              "then is served draft-free, its options unchecked, until it answers (default 10)")
-    target.add_argument("--draft-token-cost", type=float, default=DEFAULT_DRAFT_TOKEN_COST,
-                        help="cost of verifying one more draft token, as a fraction of a one-token step; the "
-                             f"target verifies only the part of a draft expected to pay (default {DEFAULT_DRAFT_TOKEN_COST})")
     target.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
     target.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                         help="KV cache capacity in GiB instead of tokens (bf16 fits twice the tokens of fp32)")
@@ -268,7 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.run(serve(TargetOptions(
             model=args.model, address=args.listen, metrics_address=args.metrics_listen, drafters=drafters,
             default_speculative=_speculative_of(args), drafter_timeout_s=args.drafter_timeout_ms / 1000,
-            draft_token_cost=args.draft_token_cost, drafter_startup_timeout_s=args.drafter_startup_timeout,
+            drafter_startup_timeout_s=args.drafter_startup_timeout,
             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gib=args.kv_cache_memory,
             engine=_engine_of(args), max_num_seqs=args.max_num_seqs, max_step_tokens=args.max_step_tokens,
             max_waiting=args.max_waiting,

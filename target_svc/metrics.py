@@ -31,6 +31,25 @@ class TargetMetrics:
             "specd_prefill_chunks",
             "Prompt pieces prefilled in a step without completing the prompt (chunked prefill: "
             "--max-step-tokens, or the KV blocks free)", registry=r)
+        self.step_draft_tokens = Histogram(
+            "specd_step_draft_tokens",
+            "Draft tokens one step verifies, the whole batch: those the cost model expects to raise goodput",
+            registry=r, buckets=(0, 1, 4, 16, 64, 256, 1024))
+        self.predicted_step_tokens = Counter(
+            "specd_predicted_step_tokens",
+            "Tokens the cost model expected the steps' decodes to yield (1 + the reach of each draft token "
+            "kept); next to specd_realized_step_tokens_total", registry=r)
+        self.realized_step_tokens = Counter(
+            "specd_realized_step_tokens", "Tokens the steps' decodes yielded (1 + accepted draft tokens each)",
+            registry=r)
+        self.predicted_step_seconds = Counter(
+            "specd_predicted_step_seconds", "Seconds the cost model predicted the steps would take; next to "
+            "specd_realized_step_seconds_total", registry=r)
+        self.realized_step_seconds = Counter("specd_realized_step_seconds", "Seconds the steps took (forward "
+                                             "and verification)", registry=r)
+        self.step_cost = Gauge("specd_step_cost_seconds",
+                               "The fitted step cost model: seconds fixed, per new token and per cached token "
+                               "attended over", ["term"], registry=r)
         self.queue_time = Histogram("specd_request_queue_time_seconds",
                                     "Seconds from a request's arrival to its admission into the running batch",
                                     registry=r, buckets=LATENCY_BUCKETS)

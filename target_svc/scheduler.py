@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 import torch
 
 from specd import defaults
+from specd.drafts import DraftTree
 from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.drafters import Drafters
-from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST, worth_verifying
+from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.drafting.length import choose_drafts
 from target_svc.metrics import TargetMetrics
 from target_svc.engine.runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, SequenceStatus, StepOutput
@@ -45,6 +47,7 @@ class Scheduled:
     the prefill (a prompt, or the tokens of a preempted sequence)."""
     seq: Sequence
     draft: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)  # the drafter's acceptance estimate of each draft token
     num_new: int = 1
 
     @property
@@ -73,13 +76,13 @@ class Scheduled:
 class Scheduler:
     def __init__(self, runner: ModelRunner, compute_thread: ThreadPoolExecutor, drafters: Drafters,
                  metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = defaults.MAX_STEP_TOKENS,
-                 draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST, max_waiting: int = defaults.MAX_WAITING):
+                 cost_model: StepCostModel | None = None, max_waiting: int = defaults.MAX_WAITING):
         if max_step_tokens < max_num_seqs:
             raise ValueError(f"max_step_tokens ({max_step_tokens}) must be at least max_num_seqs ({max_num_seqs}): "
                              "every running sequence decodes at least one token a step")
         self._runner = runner
         self._drafters = drafters
-        self._draft_token_cost = draft_token_cost
+        self._cost = cost_model or StepCostModel()
         self._metrics = metrics
         self._max_num_seqs = max_num_seqs
         self._max_step_tokens = max_step_tokens
@@ -128,36 +131,44 @@ class Scheduler:
         self._drop_aborted()
         decodes = [s for s in self._running if not s.in_prefill]
         drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes]) if decodes else {}
-        # The target alone decides how much of each draft to verify: it knows what verifying costs.
-        wanted = {s.request_id: worth_verifying(d, self._draft_token_cost) for s, d in
-                  ((s, drafts.get(s.request_id)) for s in decodes) if d is not None}
-        plan = self._plan(decodes, wanted)
+        plan = self._plan(decodes, {sid: d.first_path() for sid, d in drafts.items()})
         if not plan:
             return
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
+        realized = 0
         for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):
                 self._fail(item.seq)
             elif outcome is None:  # a prompt chunk with more to come
                 item.seq.num_computed = item.end
             else:
+                realized += (1 + outcome.num_accepted) * item.is_decode
                 self._commit(item.seq, item.draft, outcome)
+        self._metrics.realized_step_tokens.inc(realized)
         self._update_gauges()
 
     # -- planning a step ------------------------------------------------------
 
-    def _plan(self, decodes: list[Sequence], drafts: dict[str, list[int]]) -> list[Scheduled]:
+    def _plan(self, decodes: list[Sequence], drafts: dict[str, DraftTree]) -> list[Scheduled]:
         """The step's work within the token budget and the free KV blocks: every decode (drafts trimmed
         to the budget, dropped and then the newest sequences preempted where memory is short), then
-        prompt chunks of the running sequences, then newly admitted ones, in order."""
-        decoding = self._fit_decodes([Scheduled(s, drafts.get(s.request_id, [])) for s in decodes])
+        prompt chunks of the running sequences, then newly admitted ones, in order; then the drafts cut
+        to what raises the step's goodput by the cost model."""
+        decoding = self._fit_decodes([Scheduled(s, list(d.token_ids), list(d.probs)) if (d := drafts.get(s.request_id))
+                                      else Scheduled(s) for s in decodes])
+        prefilling = self._plan_prefills(decoding)
+        self._choose_drafts(decoding, prefilling)
+        self._metrics.prefill_chunks.inc(sum(item.end < item.seq.prefill_target for item in prefilling))
+        return decoding + prefilling
+
+    def _plan_prefills(self, decoding: list[Scheduled]) -> list[Scheduled]:
         budget = self._max_step_tokens - sum(1 + len(item.draft) for item in decoding)
         free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
         prefilling: list[Scheduled] = []
         for seq in [s for s in self._running if s.in_prefill]:
             item = self._chunk(seq, budget, free)
             if item is None:  # the budget or the memory is spent: later prompts, new ones too, wait their turn
-                return decoding + self._count_chunks(prefilling)
+                return prefilling
             prefilling.append(item)
             budget, free = budget - item.num_new, free - self._new_blocks(item)
         watermark = math.ceil(ADMISSION_WATERMARK * self._runner.allocator.num_blocks)
@@ -168,11 +179,18 @@ class Scheduler:
             self._admit(self._waiting.popleft())
             prefilling.append(item)
             budget, free = budget - item.num_new, free - self._new_blocks(item)
-        return decoding + self._count_chunks(prefilling)
-
-    def _count_chunks(self, prefilling: list[Scheduled]) -> list[Scheduled]:
-        self._metrics.prefill_chunks.inc(sum(item.end < item.seq.prefill_target for item in prefilling))
         return prefilling
+
+    def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
+        """The target alone decides how much of each draft to verify: it knows what verifying costs."""
+        base = StepShape(len(decoding) + sum(item.num_new for item in prefilling),
+                         sum(item.seq.num_computed for item in decoding + prefilling))
+        choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding], base, self._cost)
+        for item, length in zip(decoding, choice.lengths):
+            item.draft, item.probs = item.draft[:length], item.probs[:length]
+        self._metrics.step_draft_tokens.observe(sum(choice.lengths))
+        self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
+        self._metrics.predicted_step_seconds.inc(choice.seconds)
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
         """Drafts trimmed to the token budget (every decode keeps its one token); where the free blocks
@@ -226,11 +244,15 @@ class Scheduler:
         """One forward pass over the whole batch, then verification of the rows that have logits."""
         started = time.perf_counter()
         inputs = [item.input() for item in plan]
+        shape = StepShape(sum(len(i.token_ids) for i in inputs), sum(i.start_position for i in inputs))
         logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
         results = iter(verify(logits, [VerifyInput(i.seq.sampling, i.seq.tokens, i.draft, i.seq.generator)
                                        for i in verified])) if verified else iter(())
-        self._metrics.forward_time.observe(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._cost.observe(shape, seconds)
+        self._metrics.forward_time.observe(seconds)
+        self._metrics.realized_step_seconds.inc(seconds)
         self._metrics.step_batch_size.observe(len(plan))
         self._metrics.step_tokens.observe(sum(len(i.token_ids) for i in inputs))
         return [next(results) if item.wants_logits else None for item in plan]
@@ -285,6 +307,8 @@ class Scheduler:
         self._metrics.requests_running.set(len(self._running))
         self._metrics.requests_waiting.set(len(self._waiting))
         self._metrics.kv_blocks_used.set(allocator.num_blocks - allocator.num_free_blocks)
+        for term, seconds in zip(("fixed", "per_token", "per_context_token"), self._cost.coefficients):
+            self._metrics.step_cost.labels(term).set(seconds)
 
     # -- committing a step's result -------------------------------------------
 

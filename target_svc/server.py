@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -11,9 +12,9 @@ from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
+from target_svc.cost_model import StepCostModel
 from target_svc.drafting.base import DraftSource
 from target_svc.drafting.drafters import Drafters
-from target_svc.drafting.length import DEFAULT_DRAFT_TOKEN_COST
 from target_svc.drafting.registry import IN_TARGET_SOURCES
 from target_svc.drafting.remote import RemoteDrafter
 from target_svc.engine.config import EngineConfig
@@ -35,7 +36,6 @@ class TargetOptions:
     default_speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     drafter_timeout_s: float = 0.05
     drafter_startup_timeout_s: float = 10.0  # then a drafter still down is served draft-free until it answers
-    draft_token_cost: float = DEFAULT_DRAFT_TOKEN_COST
     kv_cache_tokens: int = 32768
     kv_cache_memory_gib: float | None = None  # instead of kv_cache_tokens: as many tokens as fit in this memory
     max_num_seqs: int = 64
@@ -61,11 +61,17 @@ class TargetService(Service):
             ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads,
             engine=options.engine, kv_cache_memory_gib=options.kv_cache_memory_gib).result()
         self._report_engine(options.engine)
+        cost_model = StepCostModel()
+        started = time.perf_counter()
+        self.compute_thread.submit(cost_model.profile, self.runner).result()
+        fixed, per_token, per_context = cost_model.coefficients
+        log.info("step cost (%.1f s profile): %.2f ms + %.3f ms per new token + %.5f ms per cached token attended",
+                 time.perf_counter() - started, fixed * 1e3, per_token * 1e3, per_context * 1e3)
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
                                    max_num_seqs=options.max_num_seqs, max_step_tokens=options.max_step_tokens,
-                                   draft_token_cost=options.draft_token_cost, max_waiting=options.max_waiting)
+                                   cost_model=cost_model, max_waiting=options.max_waiting)
         info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
                                     vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
                                     default_max_tokens=options.default_max_tokens)

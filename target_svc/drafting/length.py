@@ -1,34 +1,45 @@
-"""How much of a draft to verify: only as much as is expected to pay for its verification.
+"""How much of each draft a step verifies: the draft tokens that raise the batch's goodput.
 
-Verifying 1 + d tokens costs about (1 + c·d) plain decoding steps (c ≈ 0.12 for specd's runner on
-the 2-core CPU we measured: benchmarks/step_cost.py). If draft token i is accepted with probability
-p_i once the one before it was (the drafter's estimate), a step yields 1 + p_1 + p_1·p_2 + … tokens.
-We verify the prefix that maximises tokens per unit cost; none at all yields 1 per 1.
+A draft token is worth its reach: the chance that it and every draft token before it are accepted,
+the product of the drafter's per-token estimates p_1·p_2·…·p_i. A step that verifies draft tokens
+with reaches r yields (decodes + Σ r) tokens in cost(tokens) seconds (`StepCostModel`). The target
+adds the candidate tokens in order of falling reach (a prefix of each draft, since reach only falls
+along a draft) and keeps the count that maximises tokens per second: with many sequences in the
+batch a draft token must carry more of a token to pay for itself, and at high load none does.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
-from specd.drafts import DraftTree
-
-DEFAULT_DRAFT_TOKEN_COST = 0.12
+from target_svc.cost_model import StepCostModel, StepShape
 
 
-def best_draft_length(probs: Sequence[float], draft_token_cost: float) -> int:
-    """The d in 0..len(probs) that maximises (1 + p_1 + p_1·p_2 + … ) / (1 + c·d); ties go to the shorter."""
-    best_length, best_value = 0, 1.0
-    expected_tokens, reach = 1.0, 1.0
-    for length, prob in enumerate(probs, start=1):
-        reach *= prob
-        expected_tokens += reach
-        value = expected_tokens / (1.0 + draft_token_cost * length)
+@dataclass(frozen=True)
+class DraftChoice:
+    lengths: list[int]  # draft tokens kept per candidate, in order
+    expected_tokens: float  # tokens the step is expected to yield for its decodes
+    seconds: float  # the step's predicted cost
+
+
+def choose_drafts(candidates: list[list[float]], base: StepShape, cost: StepCostModel) -> DraftChoice:
+    """Per candidate draft (one per decoding sequence, as its tokens' acceptance estimates; empty for
+    none), how many of its tokens to verify in a step whose other work is `base` (the decodes' newest
+    tokens, prompt chunks)."""
+    reaches = []  # (reach, candidate, position)
+    for index, probs in enumerate(candidates):
+        reach = 1.0
+        for position, prob in enumerate(probs):
+            reach *= prob
+            reaches.append((reach, index, position))
+    reaches.sort(key=lambda r: -r[0])  # stable: equal reaches keep draft order, so each draft stays a prefix
+    expected = float(len(candidates))
+    best_count, best_value, best_expected = 0, expected / cost.predict(base), expected
+    for count, (reach, _, _) in enumerate(reaches, start=1):
+        expected += reach
+        value = expected / cost.predict(StepShape(base.tokens + count, base.context))
         if value > best_value:
-            best_length, best_value = length, value
-    return best_length
-
-
-def worth_verifying(draft: DraftTree, draft_token_cost: float) -> list[int]:
-    """The draft tokens to verify this step: the draft's first path, cut where it stops paying.
-    (Whole trees are verified once the tree-verification issue lands.)"""
-    path = draft.first_path()
-    return list(path.token_ids[:best_draft_length(path.probs, draft_token_cost)])
+            best_count, best_value, best_expected = count, value, expected
+    lengths = [0] * len(candidates)
+    for _, index, position in reaches[:best_count]:
+        lengths[index] = max(lengths[index], position + 1)
+    return DraftChoice(lengths, best_expected, cost.predict(StepShape(base.tokens + best_count, base.context)))

@@ -5,7 +5,8 @@ from drafter_svc.proposers.base import DraftRequest
 from drafter_svc.proposers.ngram import NgramIndex, NgramProposer, estimated_acceptance, prior_acceptance
 from drafter_svc.sequences import AcceptanceHistory, SequenceState
 from specd.drafts import DraftTree
-from target_svc.drafting.length import best_draft_length
+from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.drafting.length import choose_drafts
 
 
 def lookup(tokens, min_n=1, max_n=4, limit=4):
@@ -148,9 +149,13 @@ def test_estimates_fall_while_drafts_fail_and_recover_once_they_match():
 
 
 def test_the_estimates_give_the_draft_lengths_the_target_verifies():
+    cost = StepCostModel()  # a draft token at 4% of a one-token step
+    for tokens in (1, 8, 64):
+        cost.observe(StepShape(tokens, 0), 0.02 * (1 + 0.04 * (tokens - 1)), profile=True)
+        cost.observe(StepShape(tokens, 1000), 0.02 * (1 + 0.04 * (tokens - 1)), profile=True)
     history = AcceptanceHistory()
     lengths = []
     for _ in range(15):
-        lengths.append(best_draft_length([estimated_acceptance(history, 3)] * 8, draft_token_cost=0.04))
+        lengths.append(choose_drafts([[estimated_acceptance(history, 3)] * 8], StepShape(1, 0), cost).lengths[0])
         history.record(accepted=0, rejected=True)
     assert lengths[0] >= 2 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0

@@ -1,37 +1,52 @@
-"""The target decides how much of a draft to verify: only as much as is expected to pay."""
+"""The target verifies the draft tokens that raise the batch's goodput, by its step cost model."""
 import pytest
 
-from specd.drafts import DraftTree
-from target_svc.drafting.length import best_draft_length, worth_verifying
+from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.drafting.length import choose_drafts
 
 
-def test_no_draft_when_acceptance_is_below_the_cost_of_a_draft_token():
-    assert best_draft_length([0.03] * 8, draft_token_cost=0.04) == 0
-    assert best_draft_length([0.05] * 8, draft_token_cost=0.04) == 1
+def linear_cost(fixed: float, per_token: float) -> StepCostModel:
+    """A cost model that measured exactly fixed + per_token * tokens seconds."""
+    model = StepCostModel()
+    for tokens in (1, 8, 64, 512):
+        for context in (0, 1000):
+            model.observe(StepShape(tokens, context), fixed + per_token * tokens, profile=True)
+    return model
 
 
-def test_longer_drafts_are_verified_as_acceptance_grows():
-    lengths = [best_draft_length([a / 20] * 16, 0.04) for a in range(20)]
-    assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] == 16
+CHEAP = linear_cost(0.020, 0.0005)  # a draft token costs 2.5% of a one-token step
 
 
-def test_costlier_verification_means_shorter_drafts():
-    assert best_draft_length([0.7] * 16, 0.02) > best_draft_length([0.7] * 16, 0.04) > \
-        best_draft_length([0.7] * 16, 0.2)
+def lengths(candidates, decodes_base=None, cost=CHEAP):
+    base = StepShape(decodes_base if decodes_base is not None else len(candidates), 0)
+    return choose_drafts(candidates, base, cost).lengths
 
 
-@pytest.mark.parametrize("acceptance", [0.0, 0.5, 0.9, 0.99, 1.0])
+def test_alone_a_draft_is_verified_while_its_tokens_carry_more_than_they_cost():
+    assert lengths([[0.9] * 8]) == [8]
+    assert lengths([[0.01] * 8]) == [0]  # 0.01 of a token for 2.5% of a step: not worth it
+    assert lengths([[0.9, 0.9, 0.01, 0.9]]) == [2]  # cut where the reach falls
+
+
+def test_under_load_the_same_drafts_are_cut_and_at_high_load_dropped():
+    alone = lengths([[0.6] * 8])[0]
+    crowded = lengths([[0.6] * 8] * 8)
+    assert alone > crowded[0] > 0
+    assert lengths([[0.6] * 8] * 64) == [0] * 64
+
+
+def test_the_likelier_drafts_of_a_batch_are_kept_first():
+    assert lengths([[0.95] * 4, [0.3] * 4] * 8) == [4, 0] * 8
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 0.9, 1.0])
 @pytest.mark.parametrize("k", [0, 1, 3, 16])
 def test_never_more_than_the_draft(acceptance, k):
-    assert 0 <= best_draft_length([acceptance] * k, 0.04) <= k
+    assert 0 <= lengths([[acceptance] * k])[0] <= k
 
 
-def test_a_draft_is_cut_where_its_estimates_stop_paying():
-    assert best_draft_length([0.9, 0.9, 0.01, 0.9], 0.12) == 2
-
-
-def test_of_a_tree_the_first_path_is_verified():
-    # root -> 10 -> 11, and 12 a second child of the root
-    tree = DraftTree((10, 11, 12), (-1, 0, -1), (0.9, 0.9, 0.9))
-    assert worth_verifying(tree, 0.0) == [10, 11]
-    assert worth_verifying(DraftTree.chain([5, 6, 7], [0.9, 0.9, 0.0]), 0.12) == [5, 6]
+def test_the_choice_says_what_it_expects():
+    choice = choose_drafts([[1.0, 1.0], []], StepShape(2, 0), CHEAP)
+    assert choice.lengths == [2, 0]
+    assert choice.expected_tokens == pytest.approx(4.0)
+    assert choice.seconds == pytest.approx(0.020 + 0.0005 * 4)
