@@ -137,7 +137,11 @@ def _target_lines(before: Scrape, now: Scrape, seconds: float) -> list[str]:
         f"requests   running {now.total('specd_requests_running'):.0f}   "
         f"waiting {now.total('specd_requests_waiting'):.0f}   "
         f"finished: {_counts(now.by_label('specd_requests_finished_total', 'reason'))}",
-        f"KV cache   {used:.0f} / {total:.0f} blocks ({_percent(_ratio(used, total))})",
+        f"KV cache   {used:.0f} / {total:.0f} blocks ({_percent(_ratio(used, total))})   "
+        f"preemptions {now.total('specd_preemptions_total'):.0f}   "
+        f"prefill chunks {now.total('specd_prefill_chunks_total'):.0f}   "
+        f"rejected {now.total('specd_requests_rejected_total'):.0f}",
+        _step_line(before, now),
         "",
         f"{'method':<10}{'out tok/s':>10}{'draft tok/s':>13}{'accepted tok/s':>16}{'accept rate':>13}"
         f"{'accept len':>12}{'TTFT p50':>10}{'ITL p50':>10}",
@@ -145,6 +149,20 @@ def _target_lines(before: Scrape, now: Scrape, seconds: float) -> list[str]:
     for method in sorted(now.by_label("specd_output_tokens_total", "method")):
         lines.append(_method_row(before, now, method, seconds))
     return lines
+
+
+def _step_line(before: Scrape, now: Scrape) -> str:
+    """The cost model's choice over the interval: drafts verified per step, tokens and seconds it
+    predicted for the steps against what they gave."""
+    def delta(name: str) -> float:
+        return now.total(name) - before.total(name)
+
+    steps = delta("specd_step_draft_tokens_count")
+    return (f"steps      drafts/step {_ratio(delta('specd_step_draft_tokens_sum'), steps) or 0:.1f}   "
+            f"tokens predicted {delta('specd_predicted_step_tokens_total'):.0f} / "
+            f"realized {delta('specd_realized_step_tokens_total'):.0f}   "
+            f"seconds predicted {delta('specd_predicted_step_seconds_total'):.2f} / "
+            f"realized {delta('specd_realized_step_seconds_total'):.2f}")
 
 
 def _method_row(before: Scrape, now: Scrape, method: str, seconds: float) -> str:

@@ -27,6 +27,18 @@ specd_requests_waiting 1
 specd_kv_cache_blocks_used 16
 # TYPE specd_kv_cache_blocks_total gauge
 specd_kv_cache_blocks_total 64
+# TYPE specd_preemptions counter
+specd_preemptions_total 2
+# TYPE specd_prefill_chunks counter
+specd_prefill_chunks_total 5
+# TYPE specd_step_draft_tokens histogram
+specd_step_draft_tokens_bucket{{le="+Inf"}} {steps}
+specd_step_draft_tokens_count {steps}
+specd_step_draft_tokens_sum {drafts}
+# TYPE specd_predicted_step_tokens counter
+specd_predicted_step_tokens_total {predicted}
+# TYPE specd_realized_step_tokens counter
+specd_realized_step_tokens_total {output}
 # TYPE specd_drafter_rpc_failures counter
 specd_drafter_rpc_failures_total{{method="ngram",code="DEADLINE_EXCEEDED"}} 3
 # TYPE specd_drafter_rpc_seconds histogram
@@ -46,7 +58,8 @@ def _table(view: str, header: str) -> dict[str, list[str]]:
 
 
 def _snapshot(taken_at: float, output_tokens: int) -> Snapshot:
-    target = parse_scrape("http://target/metrics", TARGET_TEXT.format(output=output_tokens))
+    target = parse_scrape("http://target/metrics", TARGET_TEXT.format(
+        output=output_tokens, steps=output_tokens // 4, drafts=output_tokens // 2, predicted=output_tokens * 1.1))
     unreachable = parse_scrape("http://gateway/metrics", "")
     unreachable.error = "Connection refused"
     return Snapshot(taken_at, target, unreachable, [])
@@ -76,6 +89,13 @@ def test_the_view_shows_per_method_acceptance_throughput_and_drafter_failures():
     assert "running 2   waiting 1" in view
     assert "16 / 64 blocks (25.0%)" in view
     assert "DEADLINE_EXCEEDED 3" in view
+
+
+def test_the_view_shows_the_schedulers_choices_next_to_what_they_gave():
+    view = render(_snapshot(10.0, output_tokens=100), _snapshot(12.0, output_tokens=160))
+    assert "preemptions 2   prefill chunks 5" in view
+    assert "drafts/step 2.0" in view  # 30 draft tokens over 15 steps
+    assert "tokens predicted 66 / realized 60" in view
 
 
 def test_an_unreachable_service_is_shown_not_fatal():
