@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 # Share of the KV blocks admission leaves free, so that running sequences can grow a while before
 # anyone is preempted.
 ADMISSION_WATERMARK = 0.01
+# A step that carries prompt chunks beside decodes takes at most this many times the decodes' own step
+# (by the cost model), but always prefills at least MIN_PREFILL_CHUNK tokens: the inter-token latency
+# of running streams stays within a small multiple of a plain step while prompts keep arriving.
+PREFILL_STRETCH = 2.0
+MIN_PREFILL_CHUNK = 32
 
 
 @dataclass
@@ -162,7 +167,8 @@ class Scheduler:
         return decoding + prefilling
 
     def _plan_prefills(self, decoding: list[Scheduled]) -> list[Scheduled]:
-        budget = self._max_step_tokens - sum(1 + len(item.draft) for item in decoding)
+        budget = min(self._max_step_tokens - sum(1 + len(item.draft) for item in decoding),
+                     self._prefill_allowance(decoding))
         free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
         prefilling: list[Scheduled] = []
         for seq in [s for s in self._running if s.in_prefill]:
@@ -180,6 +186,17 @@ class Scheduler:
             prefilling.append(item)
             budget, free = budget - item.num_new, free - self._new_blocks(item)
         return prefilling
+
+    def _prefill_allowance(self, decoding: list[Scheduled]) -> int:
+        """Prompt tokens a step may carry beside its decodes: as many as keep it within PREFILL_STRETCH
+        times the decodes' own step by the cost model (at least MIN_PREFILL_CHUNK), so that prompts
+        arriving under load never stall the streams; all the budget when nothing decodes."""
+        if not decoding:
+            return self._max_step_tokens
+        decode_step = self._cost.predict(StepShape(sum(1 + len(item.draft) for item in decoding),
+                                                   sum(item.seq.num_computed for item in decoding)))
+        _, per_token, _ = self._cost.coefficients
+        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * decode_step / per_token))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs."""
