@@ -42,7 +42,7 @@ ADMISSION_WATERMARK = 0.01
 # A step that carries prompt chunks beside decodes takes at most this many times the decodes' own step
 # (by the cost model), but always prefills at least MIN_PREFILL_CHUNK tokens: the inter-token latency
 # of running streams stays within a small multiple of a plain step while prompts keep arriving.
-PREFILL_STRETCH = 2.0
+PREFILL_STRETCH = 3.0
 MIN_PREFILL_CHUNK = 32
 
 

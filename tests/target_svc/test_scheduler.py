@@ -164,19 +164,19 @@ async def test_a_long_prompt_is_prefilled_in_chunks_after_the_decodes_and_gets_t
         assert short.num_output >= 40 // 8
 
 
-async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_twice_a_plain_one(tiny_model_dir):
+async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_three_plain_ones(tiny_model_dir):
     cost = StepCostModel()  # measured: 20 ms a step plus 0.1 ms a token
     for tokens in (1, 64, 512):
         for context in (0, 1000):
             cost.observe(StepShape(tokens, context), 0.020 + 0.0001 * tokens, profile=True)
-    long_prompt = prompt_of(2, 500)
-    async with bf16_scheduler(tiny_model_dir, cost_model=cost) as scheduler:
+    long_prompt = prompt_of(2, 1000)
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=2048, cost_model=cost) as scheduler:
         scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
         short = sequence("short", max_tokens=40)
         scheduler.submit(short)
         await short.outputs.get()
         await run_to_end(scheduler, sequence("long", long_prompt, max_tokens=2))
-        # One decode: a 20.1 ms step, so ~201 prompt tokens a step fit in twice that: 500 go in 3 pieces.
+        # One decode: a 20.1 ms step, so ~402 prompt tokens a step fit in three times that: 1000 go in 3 pieces.
         assert metric(scheduler, "specd_prefill_chunks_total") == 2
 
 
