@@ -1,6 +1,9 @@
 """What one target step costs, measured where it runs.
 
-seconds ≈ fixed + per_token · new tokens + per_context · cached tokens the step's sequences attend over,
+seconds ≈ fixed + per_token · new tokens + per_context · the step's sequences' lengths, summed
+
+(the length a sequence reaches in the step is what its queries attend over: its cached tokens and
+its new ones),
 
 fitted by least squares to a short profile at start-up and then to every real step, recent steps
 weighing more (the profile keeps its weight, so the fit stays determined when the load is steady).
@@ -21,7 +24,7 @@ from target_svc.engine.runner import ModelRunner, SequenceInput
 @dataclass(frozen=True)
 class StepShape:
     tokens: int  # new tokens in the forward: prompt chunks, decodes' newest tokens, drafts
-    context: int  # cached tokens the step's sequences attend over, summed
+    context: int  # the lengths the step's sequences reach (cached + new tokens), summed
 
     def features(self) -> torch.Tensor:
         return torch.tensor([1.0, self.tokens, self.context], dtype=torch.float64)
@@ -30,7 +33,7 @@ class StepShape:
 # Before any measurement: a 20 ms one-token step, each more token 12% of that (specd's old constant),
 # weighing a thousandth of one measured step, so that the first measurements decide.
 _PRIOR_WEIGHT = 1e-3
-_PRIOR = [(StepShape(1, 0), 0.020), (StepShape(65, 0), 0.020 * (1 + 0.12 * 64)), (StepShape(1, 4096), 0.022)]
+_PRIOR = [(StepShape(1, 1), 0.020), (StepShape(65, 65), 0.020 * (1 + 0.12 * 64)), (StepShape(1, 4096), 0.022)]
 
 
 class StepCostModel:
@@ -46,7 +49,7 @@ class StepCostModel:
 
     @property
     def coefficients(self) -> tuple[float, float, float]:
-        """Seconds: fixed, per new token, per cached token attended over."""
+        """Seconds: fixed, per new token, per token of the sequences' lengths."""
         return self._coefficients
 
     def predict(self, shape: StepShape) -> float:
@@ -77,12 +80,12 @@ class StepCostModel:
         return max(fixed, 0.0), max(per_token, 1e-7), max(per_context, 0.0)
 
     def profile(self, runner: ModelRunner) -> None:
-        """A few forwards of throwaway sequences at start: prompts, then steps of 1 to 32 new tokens each,
-        on 1 and on 4 sequences, sized to the KV cache. Run on the compute thread."""
+        """A few forwards of throwaway sequences at start: a long prompt and a few short ones, then steps
+        of 1 to 32 new tokens on each, sized to the KV cache. Run on the compute thread."""
         allocator = runner.allocator
-        for num_seqs in (1, 4):
+        for num_seqs, longest in ((1, 512), (4, 96)):
             # Each sequence's prompt plus 32 new tokens, a block to spare, must fit the cache.
-            context = min(128, allocator.num_blocks // num_seqs * allocator.block_size - 32 - allocator.block_size)
+            context = min(longest, allocator.num_blocks // num_seqs * allocator.block_size - 32 - allocator.block_size)
             if context < 1:
                 continue
             ids = [f"cost-profile-{i}" for i in range(num_seqs)]
@@ -90,10 +93,11 @@ class StepCostModel:
                 prompts = [SequenceInput(i, [1] * context, 0, 1) for i in ids]
                 runner.forward(prompts[:1])  # warm-up: first calls pay for allocations
                 allocator.truncate(ids[0], 0)
-                self.observe(StepShape(num_seqs * context, 0), _timed(runner, prompts), profile=True)
+                self.observe(StepShape(num_seqs * context, num_seqs * context), _timed(runner, prompts), profile=True)
                 for new in (1, 4, 16, 32):
                     steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
-                    self.observe(StepShape(num_seqs * new, num_seqs * context), _timed(runner, steps), profile=True)
+                    self.observe(StepShape(num_seqs * new, num_seqs * (context + new)), _timed(runner, steps),
+                                 profile=True)
                     for i in ids:
                         allocator.truncate(i, context)
             finally:

@@ -48,8 +48,8 @@ class TargetMetrics:
         self.realized_step_seconds = Counter("specd_realized_step_seconds", "Seconds the steps took (forward "
                                              "and verification)", registry=r)
         self.step_cost = Gauge("specd_step_cost_seconds",
-                               "The fitted step cost model: seconds fixed, per new token and per cached token "
-                               "attended over", ["term"], registry=r)
+                               "The fitted step cost model: seconds fixed, per new token and per token "
+                               "of the sequences' lengths", ["term"], registry=r)
         self.queue_time = Histogram("specd_request_queue_time_seconds",
                                     "Seconds from a request's arrival to its admission into the running batch",
                                     registry=r, buckets=LATENCY_BUCKETS)

@@ -194,14 +194,14 @@ class Scheduler:
         if not decoding:
             return self._max_step_tokens
         decode_step = self._cost.predict(StepShape(sum(1 + len(item.draft) for item in decoding),
-                                                   sum(item.seq.num_computed for item in decoding)))
+                                                   sum(item.end for item in decoding)))
         _, per_token, _ = self._cost.coefficients
         return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * decode_step / per_token))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs."""
         base = StepShape(len(decoding) + sum(item.num_new for item in prefilling),
-                         sum(item.seq.num_computed for item in decoding + prefilling))
+                         sum(item.seq.num_computed + 1 for item in decoding) + sum(item.end for item in prefilling))
         choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding], base, self._cost)
         for item, length in zip(decoding, choice.lengths):
             item.draft, item.probs = item.draft[:length], item.probs[:length]
@@ -261,7 +261,7 @@ class Scheduler:
         """One forward pass over the whole batch, then verification of the rows that have logits."""
         started = time.perf_counter()
         inputs = [item.input() for item in plan]
-        shape = StepShape(sum(len(i.token_ids) for i in inputs), sum(i.start_position for i in inputs))
+        shape = StepShape(sum(len(i.token_ids) for i in inputs), sum(i.start_position + len(i.token_ids) for i in inputs))
         logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
         results = iter(verify(logits, [VerifyInput(i.seq.sampling, i.seq.tokens, i.draft, i.seq.generator)
