@@ -39,3 +39,13 @@ def test_the_start_up_profile_measures_the_runner_and_gives_its_memory_back(tiny
     model.profile(runner)
     assert runner.allocator.num_free_blocks == runner.allocator.num_blocks
     assert model.predict(StepShape(64, 0)) > model.predict(StepShape(1, 0)) > 0
+
+
+def test_a_term_the_data_pushes_below_zero_is_held_at_zero_and_the_others_refitted():
+    model = StepCostModel()
+    # Steps whose cost falls with length (noise): the best non-negative fit drops that term.
+    for tokens, context, seconds in [(1, 10, 0.021), (1, 1000, 0.020), (32, 40, 0.030), (32, 1000, 0.029)]:
+        model.observe(StepShape(tokens, context), seconds, profile=True)
+    fixed, per_token, per_context = model.coefficients
+    assert per_context == 0
+    assert fixed == pytest.approx(0.0205, abs=5e-4) and per_token == pytest.approx(0.0003, rel=0.05)
