@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 # Share of the KV blocks admission leaves free, so that running sequences can grow a while before
 # anyone is preempted.
 ADMISSION_WATERMARK = 0.01
-# A step that carries prompt chunks beside decodes takes at most this many times a plain decoding step
-# of its sequences (by the cost model, drafts counted in), but always prefills at least MIN_PREFILL_CHUNK
+# Prompt chunks beside decodes may make a step this many times a plain decoding step of its sequences
+# (by the cost model; drafts come on top), but a step always prefills at least MIN_PREFILL_CHUNK
 # tokens: the inter-token latency of running streams stays within a small multiple of a plain step
 # while prompts keep arriving.
 PREFILL_STRETCH = 3.0
@@ -189,16 +189,16 @@ class Scheduler:
         return prefilling
 
     def _prefill_allowance(self, decoding: list[Scheduled]) -> int:
-        """Prompt tokens a step may carry beside its decodes: as many as keep it, drafts included, within
-        PREFILL_STRETCH times a plain decoding step of the same sequences by the cost model (at least
-        MIN_PREFILL_CHUNK), so that prompts arriving under load never stall the streams; all the budget
-        when nothing decodes."""
+        """Prompt tokens a step may carry beside its decodes: as many as would keep a plain decoding step
+        of the same sequences within PREFILL_STRETCH times its cost by the cost model (at least
+        MIN_PREFILL_CHUNK), so that prompts arriving under load never stall the streams; drafts come on
+        top, never out of the prompts' share (speculation must not slow admission). All the budget when
+        nothing decodes."""
         if not decoding:
             return self._max_step_tokens
         plain_step = self._cost.predict(StepShape(len(decoding), sum(item.seq.num_computed + 1 for item in decoding)))
         _, per_token, _ = self._cost.coefficients
-        drafts = sum(len(item.draft) for item in decoding)
-        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * plain_step / per_token) - drafts)
+        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * plain_step / per_token))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs."""
