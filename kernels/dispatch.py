@@ -60,13 +60,9 @@ def attention_backend(device: torch.device) -> str:
 
 def _attention_module(device: torch.device) -> ModuleType:
     """implementation(device), except that CPU tensors take the compiled kernel where it builds."""
-    choice = os.environ.get("SPECD_KERNELS", "")
-    if device.type == "cpu" and not choice and cpu.compiled():  # the common case first: several calls a layer
+    if device.type == "cpu" and not os.environ.get("SPECD_KERNELS") and cpu.compiled():
         return cpu
-    module = implementation(device)
-    if module is reference and device.type == "cpu" and choice != "torch" and cpu.compiled():
-        return cpu
-    return module
+    return implementation(device)
 
 
 def packs_caches(device: torch.device) -> bool:

@@ -13,13 +13,12 @@ the batch's tokens out per second (`choose_drafts`).
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from dataclasses import dataclass
 
-import torch
-
 from target_svc.engine.runner import ModelRunner, SequenceInput
+
+TERMS = 3  # fixed, per new token, per token of the sequences' lengths
 
 
 @dataclass(frozen=True)
@@ -27,8 +26,8 @@ class StepShape:
     tokens: int  # new tokens in the forward: prompt chunks, decodes' newest tokens, drafts
     context: int  # the lengths the step's sequences reach (cached + new tokens), summed
 
-    def features(self) -> torch.Tensor:
-        return torch.tensor([1.0, self.tokens, self.context], dtype=torch.float64)
+    def features(self) -> tuple[float, float, float]:
+        return 1.0, float(self.tokens), float(self.context)
 
 
 # Before any measurement: a 20 ms one-token step, each more token 12% of that (specd's old constant),
@@ -37,15 +36,34 @@ _PRIOR_WEIGHT = 1e-3
 _PRIOR = [(StepShape(1, 1), 0.020), (StepShape(65, 65), 0.020 * (1 + 0.12 * 64)), (StepShape(1, 4096), 0.022)]
 
 
+class _Moments:
+    """The least squares' sufficient statistics xᵀx and xᵀy, in plain floats: a step's update and fit
+    cost microseconds on the compute thread (torch's small-tensor calls cost ~0.4 ms a step)."""
+
+    def __init__(self) -> None:
+        self.xtx = [[0.0] * TERMS for _ in range(TERMS)]
+        self.xty = [0.0] * TERMS
+
+    def add(self, shape: StepShape, seconds: float, weight: float = 1.0) -> None:
+        x = shape.features()
+        for i in range(TERMS):
+            self.xty[i] += weight * seconds * x[i]
+            for j in range(TERMS):
+                self.xtx[i][j] += weight * x[i] * x[j]
+
+    def scale(self, factor: float) -> None:
+        self.xty = [v * factor for v in self.xty]
+        self.xtx = [[v * factor for v in row] for row in self.xtx]
+
+
 class StepCostModel:
+    """Observed on the compute thread only; the event loop reads `coefficients`, a tuple replaced whole."""
+
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9):
         self._decay, self._ridge = decay, ridge
-        self._lock = threading.Lock()  # observed on the compute thread, asked on the event loop
-        # The least squares' statistics (xᵀx, xᵀy): the profile's, kept, and the steps', decayed.
-        self._fixed = (torch.zeros(3, 3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
-        self._online = (torch.zeros(3, 3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+        self._fixed, self._online = _Moments(), _Moments()  # the profile's, kept; the steps', decayed
         for shape, seconds in _PRIOR:
-            self._add(shape, seconds, fixed=True, weight=_PRIOR_WEIGHT)
+            self._fixed.add(shape, seconds, _PRIOR_WEIGHT)
         self._prior = True
         self._coefficients = self._solve()
 
@@ -60,39 +78,35 @@ class StepCostModel:
 
     def observe(self, shape: StepShape, seconds: float, profile: bool = False) -> None:
         """A measured step; `profile` steps keep their weight for good (the first one replaces the prior)."""
-        with self._lock:
-            if profile and self._prior:
-                self._fixed[0].zero_(), self._fixed[1].zero_()
-                self._prior = False
-            if not profile:
-                self._online[0].mul_(self._decay), self._online[1].mul_(self._decay)
-            self._add(shape, seconds, fixed=profile)
-            self._coefficients = self._solve()
-
-    def _add(self, shape: StepShape, seconds: float, fixed: bool, weight: float = 1.0) -> None:
-        x = shape.features()
-        xtx, xty = self._fixed if fixed else self._online
-        xtx.add_(weight * torch.outer(x, x))
-        xty.add_(weight * seconds * x)
+        if profile and self._prior:
+            self._fixed, self._prior = _Moments(), False
+        if not profile:
+            self._online.scale(self._decay)
+        (self._fixed if profile else self._online).add(shape, seconds)
+        self._coefficients = self._solve()
 
     def _solve(self) -> tuple[float, float, float]:
         """Non-negative least squares (a step never gets cheaper with more work, and noise must not make
         drafts look free): the best fit over the subsets of terms whose coefficients all come out
         non-negative, the rest held at zero. With three terms that is seven small solves."""
-        xtx = self._fixed[0] + self._online[0] + self._ridge * torch.eye(3, dtype=torch.float64)
-        xty = self._fixed[1] + self._online[1]
-        best, best_error = torch.zeros(3, dtype=torch.float64), float("inf")
-        for size in (1, 2, 3):
-            for terms in itertools.combinations(range(3), size):
-                index = list(terms)
-                coefficients = torch.zeros(3, dtype=torch.float64)
-                coefficients[index] = torch.linalg.solve(xtx[index][:, index], xty[index])
-                if (coefficients < 0).any():
+        xtx = [[f + o + (self._ridge if i == j else 0.0) for j, (f, o) in enumerate(zip(fr, orow))]
+               for i, (fr, orow) in enumerate(zip(self._fixed.xtx, self._online.xtx))]
+        xty = [f + o for f, o in zip(self._fixed.xty, self._online.xty)]
+        best, best_error = [0.0] * TERMS, float("inf")
+        for size in range(1, TERMS + 1):
+            for terms in itertools.combinations(range(TERMS), size):
+                solved = _solve_linear([[xtx[i][j] for j in terms] for i in terms], [xty[i] for i in terms])
+                if solved is None or min(solved) < 0:
                     continue
-                error = float(coefficients @ xtx @ coefficients - 2 * coefficients @ xty)  # the squares, less yᵀy
+                coefficients = [0.0] * TERMS
+                for i, value in zip(terms, solved):
+                    coefficients[i] = value
+                # The squared error, less yᵀy (the same for every subset): cᵀ(xᵀx)c - 2cᵀ(xᵀy).
+                error = sum(coefficients[i] * xtx[i][j] * coefficients[j] for i in range(TERMS) for j in range(TERMS)) \
+                    - 2 * sum(c * y for c, y in zip(coefficients, xty))
                 if error < best_error:
                     best, best_error = coefficients, error
-        fixed, per_token, per_context = best.tolist()
+        fixed, per_token, per_context = best
         return fixed, max(per_token, 1e-7), per_context
 
     def profile(self, runner: ModelRunner) -> None:
@@ -119,6 +133,24 @@ class StepCostModel:
             finally:
                 for i in ids:
                     allocator.free(i)
+
+
+def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """a x = b by Gaussian elimination with partial pivoting (n <= 3); None where a is singular."""
+    n = len(b)
+    rows = [list(row) + [value] for row, value in zip(a, b)]
+    for column in range(n):
+        pivot = max(range(column, n), key=lambda r: abs(rows[r][column]))
+        if rows[pivot][column] == 0.0:
+            return None
+        rows[column], rows[pivot] = rows[pivot], rows[column]
+        for r in range(column + 1, n):
+            factor = rows[r][column] / rows[column][column]
+            rows[r] = [x - factor * y for x, y in zip(rows[r], rows[column])]
+    solution = [0.0] * n
+    for r in reversed(range(n)):
+        solution[r] = (rows[r][n] - sum(rows[r][c] * solution[c] for c in range(r + 1, n))) / rows[r][r]
+    return solution
 
 
 def _timed(runner: ModelRunner, batch: list[SequenceInput]) -> float:

@@ -151,6 +151,8 @@ class Scheduler:
                 realized += (1 + outcome.num_accepted) * item.is_decode
                 self._commit(item.seq, item.draft, outcome)
         self._metrics.realized_step_tokens.inc(realized)
+        for term, seconds in zip(("fixed", "per_token", "per_context_token"), self._cost.coefficients):
+            self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
 
     # -- planning a step ------------------------------------------------------
@@ -230,13 +232,10 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int, free_blocks: int) -> Scheduled | None:
         """The next piece of `seq`'s prefill that fits the budget and the free blocks, or None."""
-        item = Scheduled(seq, num_new=min(seq.prefill_target - seq.num_computed, budget))
-        if item.num_new <= 0:
-            return None
-        while item.num_new > 0 and self._new_blocks(item) > free_blocks:  # what memory there is, block by block
-            item.num_new = (item.end - 1) // self._runner.allocator.block_size * self._runner.allocator.block_size \
-                - seq.num_computed
-        return item if item.num_new > 0 else None
+        allocator = self._runner.allocator
+        room = (len(allocator.block_table(seq.request_id)) + free_blocks) * allocator.block_size - seq.num_computed
+        num_new = min(seq.prefill_target - seq.num_computed, budget, room)
+        return Scheduled(seq, num_new=num_new) if num_new > 0 else None
 
     def _new_blocks(self, item: Scheduled) -> int:
         return self._runner.allocator.blocks_needed(item.seq.request_id, item.end)
@@ -273,7 +272,7 @@ class Scheduler:
         self._metrics.forward_time.observe(seconds)
         self._metrics.realized_step_seconds.inc(seconds)
         self._metrics.step_batch_size.observe(len(plan))
-        self._metrics.step_tokens.observe(sum(len(i.token_ids) for i in inputs))
+        self._metrics.step_tokens.observe(shape.tokens)
         return [next(results) if item.wants_logits else None for item in plan]
 
     # -- admission, preemption and retirement ----------------------------------
@@ -326,8 +325,6 @@ class Scheduler:
         self._metrics.requests_running.set(len(self._running))
         self._metrics.requests_waiting.set(len(self._waiting))
         self._metrics.kv_blocks_used.set(allocator.num_blocks - allocator.num_free_blocks)
-        for term, seconds in zip(("fixed", "per_token", "per_context_token"), self._cost.coefficients):
-            self._metrics.step_cost.labels(term).set(seconds)
 
     # -- committing a step's result -------------------------------------------
 

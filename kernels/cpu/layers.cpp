@@ -82,14 +82,13 @@ const float* silu_table() {
 // silu of gate[i .. i+15] (rounded) from the table.
 template <typename scalar_t>
 inline f32x16 silu_lookup(const float* table, const scalar_t* gate, int64_t i, int64_t width) {
-  alignas(64) float activated[kLanes] = {};
 #ifdef __AVX512F__
   if (i + kLanes <= width) {
     const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gate + i));
-    _mm512_store_ps(activated, _mm512_i32gather_ps(_mm512_cvtepu16_epi32(bits), table, sizeof(float)));
-    return load16(activated);
+    return bitcast<f32x16>(_mm512_i32gather_ps(_mm512_cvtepu16_epi32(bits), table, sizeof(float)));
   }
 #endif
+  float activated[kLanes] = {};
   for (int64_t l = 0; l < kLanes && i + l < width; ++l) activated[l] = table[gate[i + l].x];
   return load16(activated);
 }

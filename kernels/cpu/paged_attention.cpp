@@ -554,7 +554,9 @@ void run_tiles(const Problem& problem, const std::vector<Tile>& tiles, const at:
     if (problem.amx) registers.emplace({Shape{3, 16, 32},   // 16 positions' weights, bf16
                                         Shape{4, 8, 64}});  // 8 position pairs; the rest 16 x 64 bytes
 #endif
-    std::vector<TileAttention<scalar_t>> heads(problem.num_kv_heads);
+    // Kept by the thread from call to call (a step makes one per layer), so their buffers are allocated once.
+    thread_local std::vector<TileAttention<scalar_t>> heads;
+    if (static_cast<int64_t>(heads.size()) < problem.num_kv_heads) heads.resize(problem.num_kv_heads);
     for (int64_t worker = begin; worker < end; ++worker) {
       for (size_t i = next++; i < tiles.size(); i = next++) run_tile(problem, tiles[i], q, k, v, o, heads);
     }

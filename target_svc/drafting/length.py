@@ -32,14 +32,15 @@ def choose_drafts(candidates: list[list[float]], base: StepShape, cost: StepCost
             reach *= prob
             reaches.append((reach, index, position))
     reaches.sort(key=lambda r: -r[0])  # stable: equal reaches keep draft order, so each draft stays a prefix
+    base_seconds, per_token = cost.predict(base), cost.coefficients[1]  # the cost is linear in the tokens
     expected = float(len(candidates))
-    best_count, best_value, best_expected = 0, expected / cost.predict(base), expected
+    best_count, best_value, best_expected = 0, expected / base_seconds, expected
     for count, (reach, _, _) in enumerate(reaches, start=1):
         expected += reach
-        value = expected / cost.predict(StepShape(base.tokens + count, base.context))
+        value = expected / (base_seconds + per_token * count)
         if value > best_value:
             best_count, best_value, best_expected = count, value, expected
     lengths = [0] * len(candidates)
     for _, index, position in reaches[:best_count]:
         lengths[index] = max(lengths[index], position + 1)
-    return DraftChoice(lengths, best_expected, cost.predict(StepShape(base.tokens + best_count, base.context)))
+    return DraftChoice(lengths, best_expected, base_seconds + per_token * best_count)
