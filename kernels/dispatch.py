@@ -106,7 +106,7 @@ def _layer_module(t: torch.Tensor) -> ModuleType:
 
 def packs_linear_weight(weight: torch.Tensor) -> bool:
     """Whether a kernel for `weight`'s device, dtype and shape exists behind `packed_linear` (bf16 on
-    CPUs with AMX, `kernels.cpu.linear`)."""
+    CPUs with AMX or AVX512-BF16, `kernels.cpu.linear`)."""
     return _attention_module(weight.device) is cpu and cpu.takes_linear_weight(weight)
 
 

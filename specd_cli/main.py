@@ -121,6 +121,30 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
                              "activations in it, logits and verification in fp32")
 
 
+# The target's capacity flags, which `specd up` passes on to its target unchanged.
+SCHEDULER_FLAGS = ("kv_cache_tokens", "kv_cache_memory", "max_num_seqs", "max_step_tokens", "max_waiting")
+
+
+def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("capacity and scheduling")
+    group.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
+    group.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
+                       help="KV cache capacity in GiB instead of tokens (bf16 fits twice the tokens of fp32)")
+    group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
+    group.add_argument("--max-step-tokens", type=int, default=defaults.MAX_STEP_TOKENS,
+                       help="most tokens in one forward pass (vLLM's max_num_batched_tokens): decodes and their "
+                            f"drafts first, then prompts in chunks (default {defaults.MAX_STEP_TOKENS})")
+    group.add_argument("--max-waiting", type=int, default=defaults.MAX_WAITING,
+                       help="most requests queued for admission; beyond it, RESOURCE_EXHAUSTED at once "
+                            f"(default {defaults.MAX_WAITING})")
+
+
+def _scheduler_args(args: argparse.Namespace) -> list[str]:
+    """The capacity flags as `specd serve target` takes them."""
+    return [item for name in SCHEDULER_FLAGS if (value := getattr(args, name)) is not None
+            for item in (f"--{name.replace('_', '-')}", str(value))]
+
+
 def _engine_of(args: argparse.Namespace):
     from target_svc.engine.config import EngineConfig
     try:
@@ -139,6 +163,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     up.add_argument("--threads", type=int, default=None, help="torch threads of the target (default: torch's)")
     _add_engine_flags(up)
+    _add_scheduler_flags(up)
     up.set_defaults(run=_up)
 
     serve = commands.add_parser("serve", help="start one service")
@@ -164,17 +189,8 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--drafter-startup-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long to wait at start for a drafter to describe its options; one still down "
                              "then is served draft-free, its options unchecked, until it answers (default 10)")
-    target.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
-    target.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
-                        help="KV cache capacity in GiB instead of tokens (bf16 fits twice the tokens of fp32)")
     _add_engine_flags(target)
-    target.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
-    target.add_argument("--max-step-tokens", type=int, default=defaults.MAX_STEP_TOKENS,
-                        help="most tokens in one forward pass (vLLM's max_num_batched_tokens): decodes and their "
-                             f"drafts first, then prompts in chunks (default {defaults.MAX_STEP_TOKENS})")
-    target.add_argument("--max-waiting", type=int, default=defaults.MAX_WAITING,
-                        help="most requests queued for admission; beyond it, RESOURCE_EXHAUSTED at once "
-                             f"(default {defaults.MAX_WAITING})")
+    _add_scheduler_flags(target)
     target.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of requests that do not set it (default 256)")
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -287,7 +303,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from specd_cli.stack import run_stack
     _engine_of(args)  # a bad value is refused here, not by the target after the others started
-    return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype])
+    return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype, *_scheduler_args(args)])
 
 
 def main(argv: list[str] | None = None) -> int:

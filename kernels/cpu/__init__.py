@@ -66,8 +66,8 @@ def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, keys: torch.Ten
 
 
 def takes_linear_weight(weight: torch.Tensor) -> bool:
-    """Whether `linear` (linear.cpp: bf16 AMX tile products) can take `weight` [N, K]: not where it has
-    another dtype, N is not a multiple of 16 or K of 32, or there is no AMX here."""
+    """Whether `linear` (linear.cpp: bf16 AMX tile products or AVX512-BF16 dot products) can take `weight`
+    [N, K]: not where it has another dtype, N is not a multiple of 16 or K of 32, or the CPU has neither."""
     return compiled() and torch.ops.specd.supports_linear(weight)
 
 

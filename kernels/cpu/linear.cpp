@@ -1,10 +1,13 @@
-// x @ weight^T for bf16 on CPU by AMX tile products, the weight packed once into the tiles the
-// instruction reads: [N / 16, K / 32, 16, 32], tile (n, k) row r holding, for the 16 outputs
-// n * 16 .. n * 16 + 15 side by side, the input pair k * 32 + 2r, k * 32 + 2r + 1. A block of 16 outputs
-// is K / 32 contiguous tiles, so a decode step streams each weight once, front to back.
+// x @ weight^T for bf16 on CPU, the weight packed once: [N / 16, K / 32, 16, 32], tile (n, k) row r holding,
+// for the 16 outputs n * 16 .. n * 16 + 15 side by side, the input pair k * 32 + 2r, k * 32 + 2r + 1. A block
+// of 16 outputs is K / 32 contiguous tiles, so a decode step streams each weight once, front to back.
 //
-// Every output row is its own sequence of tile products over K in a fixed order, so a row's result is
-// bit-identical whatever the row count and however the work is split: batch invariant by construction.
+// That layout is both what an AMX tile product reads and, row by row, what an AVX512-BF16 dot product
+// (16 outputs x one input pair) reads. With AMX (Intel Xeon 4th gen and later) the products are tiles;
+// with AVX512-BF16 only (AMD Zen 4 and later) each output is one fp32 sum over the input pairs in order.
+// The path is fixed per machine, and either way every output row is its own sequence of products over K
+// in a fixed order, so a row's result is bit-identical whatever the row count and however the work is
+// split: batch invariant by construction.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -28,9 +31,9 @@ constexpr int64_t kRowsPerPass = 256;  // rows whose x slice stays in L2 while t
 constexpr int64_t kChunkBytes = 256 * 1024;  // of weight tiles a thread keeps in L2 for a pass
 
 bool supports_linear(const at::Tensor& weight) {
-#ifdef SPECD_AMX
+#ifdef __AVX512BF16__
   return weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 && weight.size(0) % kBlockOutputs == 0 &&
-         weight.size(1) % kBlockInputs == 0 && amx_granted();
+         weight.size(1) % kBlockInputs == 0;
 #else
   return false;
 #endif
@@ -38,7 +41,7 @@ bool supports_linear(const at::Tensor& weight) {
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(supports_linear(weight), "pack_linear_weight takes a bf16 [N, K] weight with N % 16 == 0 and "
-              "K % 32 == 0, on a CPU with AMX");
+              "K % 32 == 0, on a CPU with AVX512-BF16");
   const int64_t n = weight.size(0), k = weight.size(1);
   return weight.reshape({n / kBlockOutputs, kBlockOutputs, k / kBlockInputs, kBlockInputs / 2, 2})
       .permute({0, 2, 3, 1, 4})
@@ -155,6 +158,84 @@ void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) 
 }
 #endif
 
+#ifdef __AVX512BF16__
+using bf16_t = c10::BFloat16;
+constexpr int kDotRows = 4;    // rows of x per micro-kernel call
+constexpr int kDotBlocks = 4;  // output blocks (of 16) per call: 16 accumulators in registers
+
+// out[ROWS rows, BLOCKS x 16 outputs]: for each output, one fp32 sum over the K / 2 input pairs in order,
+// a pair at a time: x's pair broadcast against the 16 outputs' pairs (a row of the packed weight).
+template <int ROWS, int BLOCKS>
+void dot_products(const bf16_t* x, int64_t x_stride, const bf16_t* b, int64_t pairs, bf16_t* out,
+                  int64_t out_stride) {
+  const int64_t block_elements = pairs * 2 * kBlockOutputs;  // one output block's packed weight
+  __m512 sums[ROWS][BLOCKS];
+  for (int r = 0; r < ROWS; ++r) {
+    for (int n = 0; n < BLOCKS; ++n) sums[r][n] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh w[BLOCKS];
+    for (int n = 0; n < BLOCKS; ++n) {
+      w[n] = (__m512bh)_mm512_loadu_si512(b + n * block_elements + p * 2 * kBlockOutputs);
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * x_stride + 2 * p, sizeof(pair));
+      const __m512bh xr = (__m512bh)_mm512_set1_epi32(pair);
+      for (int n = 0; n < BLOCKS; ++n) sums[r][n] = _mm512_dpbf16_ps(sums[r][n], xr, w[n]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int n = 0; n < BLOCKS; ++n) {
+      store16(bitcast<f32x16>(sums[r][n]), out + r * out_stride + n * kBlockOutputs);
+    }
+  }
+}
+
+using DotKernel = void (*)(const bf16_t*, int64_t, const bf16_t*, int64_t, bf16_t*, int64_t);
+
+template <int ROWS>
+constexpr DotKernel dot_kernel(int blocks) {
+  return blocks == 1 ? dot_products<ROWS, 1> : blocks == 2 ? dot_products<ROWS, 2>
+                     : blocks == 3 ? dot_products<ROWS, 3> : dot_products<ROWS, 4>;
+}
+
+DotKernel dot_kernel(int rows, int blocks) {
+  return rows == 1 ? dot_kernel<1>(blocks) : rows == 2 ? dot_kernel<2>(blocks)
+                   : rows == 3 ? dot_kernel<3>(blocks) : dot_kernel<4>(blocks);
+}
+
+// As amx_linear: groups of kDotBlocks output blocks split across threads; rows in passes of kRowsPerPass;
+// each thread takes its groups a chunk of about kChunkBytes at a time and runs every group of kDotRows rows
+// of the pass through it. The order changes only which data is in cache, never how an output is summed.
+void dot_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) {
+  const int64_t rows = x.size(0), n_blocks = packed.size(0), pairs = x.size(1) / 2, outputs = out.size(1);
+  const int64_t group_bytes = kDotBlocks * pairs * 2 * kBlockOutputs * int64_t(sizeof(bf16_t));
+  const int64_t groups_per_chunk = std::max<int64_t>(1, kChunkBytes / group_bytes);
+  const bf16_t* weight = packed.data_ptr<bf16_t>();
+  const bf16_t* src = x.data_ptr<bf16_t>();
+  bf16_t* dst = out.data_ptr<bf16_t>();
+  const int64_t x_stride = x.stride(0);
+  at::parallel_for(0, (n_blocks + kDotBlocks - 1) / kDotBlocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t pass = 0; pass < rows; pass += kRowsPerPass) {
+      const int64_t pass_end = std::min(rows, pass + kRowsPerPass);
+      for (int64_t chunk = begin; chunk < end; chunk += groups_per_chunk) {
+        const int64_t chunk_end = std::min(end, chunk + groups_per_chunk);
+        for (int64_t m = pass; m < pass_end; m += kDotRows) {
+          const int row_count = int(std::min<int64_t>(kDotRows, pass_end - m));
+          for (int64_t group = chunk; group < chunk_end; ++group) {
+            const int64_t n = group * kDotBlocks;
+            const int block_count = int(std::min<int64_t>(kDotBlocks, n_blocks - n));
+            dot_kernel(row_count, block_count)(src + m * x_stride, x_stride, weight + n * pairs * 2 * kBlockOutputs,
+                                               pairs, dst + m * outputs + n * kBlockOutputs, outputs);
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
 // x [M, K] (rows may be strided) @ weight^T, the weight as pack_linear_weight returned it -> [M, N].
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be a bf16 [M, K] "
@@ -165,10 +246,17 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed) {
   TORCH_CHECK(packed.size(1) * kBlockInputs == x.size(1), "x has ", x.size(1), " inputs, the weight ",
               packed.size(1) * kBlockInputs);
   at::Tensor out = at::empty({x.size(0), packed.size(0) * kBlockOutputs}, x.options());
+  if (x.size(0) == 0) return out;
 #ifdef SPECD_AMX
-  if (x.size(0) > 0) amx_linear(x, packed, out);
+  if (amx_granted()) {
+    amx_linear(x, packed, out);
+    return out;
+  }
+#endif
+#ifdef __AVX512BF16__
+  dot_linear(x, packed, out);
 #else
-  TORCH_CHECK(false, "linear needs AMX, not compiled in here");
+  TORCH_CHECK(false, "linear needs AVX512-BF16, not compiled in here");
 #endif
   return out;
 }

@@ -17,11 +17,14 @@ So the engine measures the formulations once at start (`LinearPlan.measure`, und
 the fastest per row-count bucket. "transposed" is MKL's GEMM with the few rows as its small n side,
 (weight @ x^T)^T.
 
-In bf16 on CPUs with AMX the engine packs each weight once into the tiles AMX reads and runs its own
-kernel (`kernels.packed_linear`): each output row is its own chain of tile products in a fixed order,
-so it is bit-identical whatever the row count, and a decode step streams the weights at close to the
-memory bandwidth. Measured on the Xeon, the 30 layers and the vocab projection with weights streamed
-from memory: 8.4 ms at M = 1 (oneDNN packed 21.7), 11.0 ms at M = 26 (18.5), 26 ms at M = 128 (37).
+In bf16 on CPUs with AMX or AVX512-BF16 the engine packs each weight once into the layout both read
+and runs its own kernel (`kernels.packed_linear`): each output row is its own chain of tile products
+(AMX) or dot products (AVX512-BF16) in a fixed order, so it is bit-identical whatever the row count,
+and a decode step streams the weights at close to the memory bandwidth. Measured on the Xeon, the 30
+layers and the vocab projection with weights streamed from memory: 8.4 ms at M = 1 (oneDNN packed
+21.7), 11.0 ms at M = 26 (18.5), 26 ms at M = 128 (37). On an AMD EPYC (Zen 4, no AMX) whole forwards
+of 1 and 32 sequences take about what oneDNN took (`benchmarks/step_cost.py`), and unlike oneDNN there
+the rows are independent: with oneDNN the real model's bf16 logits were not batch invariant.
 
 Elsewhere in bf16 and fp16 the engine packs each weight once for oneDNN with a one-row hint. Its rows
 were bit-identical whatever the row count up to 128 rows; above that the 1536-wide down projection
@@ -88,7 +91,7 @@ def formulations() -> dict[str, Linear]:
 
 
 PACKED = "oneDNN packed"
-AMX_TILES = "AMX tiles"
+SPECD_BF16 = "specd bf16"  # kernels.packed_linear: AMX tiles or AVX512-BF16 dot products
 
 
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -101,15 +104,15 @@ class LinearPlan:
     `prepare` once before use (a packed plan packs them)."""
 
     def __init__(self, names: tuple[str, ...]):
-        available = {**formulations(), PACKED: onednn_linear, AMX_TILES: kernels.packed_linear}
+        available = {**formulations(), PACKED: onednn_linear, SPECD_BF16: kernels.packed_linear}
         self.names = names
         self._choices = tuple(available[name] for name in names)
         # Whether a row's result is the same in a call of any row count (by construction), so that
-        # `by_rows` need not split: the AMX kernel's rows are.
-        self.any_row_count = names[0] == AMX_TILES
+        # `by_rows` need not split: specd's packed kernel's rows are.
+        self.any_row_count = names[0] == SPECD_BF16
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        if self.names[0] == AMX_TILES:
+        if self.names[0] == SPECD_BF16:
             return kernels.pack_linear_weight(weight)
         return pack_for_onednn(weight) if self.names[0] == PACKED else weight
 
@@ -133,12 +136,12 @@ class LinearPlan:
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
         """For fp32 weights on CPU: per bucket, the formulation fastest over `weights` (say, one
-        layer's). bf16 and fp16 on CPU: the AMX kernel where it takes every one of `weights`, else packed
+        layer's). bf16 and fp16 on CPU: specd's packed kernel where it takes every one of `weights`, else packed
         for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
         if all(kernels.packs_linear_weight(w) for w in weights):
-            return cls((AMX_TILES,) * len(ROW_BUCKETS))
+            return cls((SPECD_BF16,) * len(ROW_BUCKETS))
         if weights[0].dtype != torch.float32:
             return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
         started, names = time.perf_counter(), []
@@ -152,10 +155,11 @@ class LinearPlan:
 
     def rows_independent(self, prepared: list[torch.Tensor]) -> bool:
         """Whether, for these weights (as `prepare` returned them), each output row is bit-identical
-        whatever the row count (up to MAX_SHARED_ROWS, or past the AMX kernel's 256-row passes for a
+        whatever the row count (up to MAX_SHARED_ROWS, or past the packed kernel's 256-row passes for a
         plan whose calls may take any count): what batch-invariant decoding needs of the matmuls.
         Checked, not assumed: it depends on the kernels the CPU and the library pick (oneDNN's bf16
-        kernels pass on an AMX Xeon, its fp16 ones fail at K = 1536, no fp32 formulation passes)."""
+        kernels passed on an AMX Xeon and failed on an AMD EPYC, its fp16 ones fail at K = 1536, no fp32
+        formulation passes)."""
         generator = torch.Generator(device=prepared[0].device).manual_seed(0)
         largest = 300 if self.any_row_count else MAX_SHARED_ROWS
         for weight in prepared:
@@ -173,7 +177,7 @@ class LinearPlan:
 
 
 def _input_size(prepared: torch.Tensor) -> int:
-    """K of a weight as `LinearPlan.prepare` returned it: [N, K], or [N / 16, K / 32, 16, 32] for AMX."""
+    """K of a weight as `LinearPlan.prepare` returned it: [N, K], or [N / 16, K / 32, 16, 32] packed."""
     return prepared.shape[1] * 32 if prepared.dim() == 4 else prepared.shape[1]
 
 

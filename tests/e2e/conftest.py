@@ -1,14 +1,49 @@
 """The whole system as separate processes on loopback, on the real default model."""
+import urllib.request
+
 import pytest
 
 from specd_cli.stack import Stack, StackPorts
 
 
-@pytest.fixture(scope="package")
-def stack():
-    stack = Stack(ports=StackPorts.free(), threads=2)
+def _running(stack: Stack):
     try:
         stack.up()
         yield stack
     finally:
         stack.down()
+
+
+def target_is_batch_invariant(stack: Stack) -> bool:
+    """What the target found at start: whether its logits are the same bits whatever shares a step."""
+    with urllib.request.urlopen(stack.metrics_url("target"), timeout=5) as response:
+        return 'batch_invariant="true"' in response.read().decode()
+
+
+def batch_invariant_stack(stack: Stack):
+    """A running stack whose tests need batch-invariant logits; they are skipped on a CPU where the
+    target found its matmuls or attention not row independent (it says so in its log)."""
+    for running in _running(stack):
+        if not target_is_batch_invariant(running):
+            pytest.skip("the target's logits are not batch invariant on this CPU")
+        yield running
+
+
+@pytest.fixture(scope="package")
+def stack():
+    yield from _running(Stack(ports=StackPorts.free(), threads=2))
+
+
+@pytest.fixture(scope="package")
+def bf16_stack():
+    """In bf16, where the engine's logits are batch invariant: a sequence's output does not depend on
+    what shares its steps, how its prompt was split, or whether it was preempted and recomputed."""
+    yield from batch_invariant_stack(Stack(ports=StackPorts.free(), threads=2,
+                                           extra_target_args=["--dtype", "bfloat16"]))
+
+
+@pytest.fixture(scope="module")
+def small_kv_stack():
+    """bf16 with a KV cache of 512 tokens: a chat request of 96 tokens fits, eight at once do not."""
+    yield from batch_invariant_stack(Stack(ports=StackPorts.free(), threads=2,
+                                           extra_target_args=["--dtype", "bfloat16", "--kv-cache-tokens", "512"]))

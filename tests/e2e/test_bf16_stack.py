@@ -7,7 +7,6 @@ import pytest
 from specd.client import SpecdClient, build_request
 from specd.types import SamplingParams
 from specd.v1 import common_pb2
-from specd_cli.stack import Stack, StackPorts
 
 pytestmark = pytest.mark.e2e
 
@@ -18,16 +17,6 @@ PROMPTS = [
     "Explain in two sentences why the sky looks blue.",
 ]
 MAX_TOKENS = 48
-
-
-@pytest.fixture(scope="module")
-def bf16_stack():
-    stack = Stack(ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16"])
-    try:
-        stack.up()
-        yield stack
-    finally:
-        stack.down()
 
 
 async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:

@@ -1,5 +1,6 @@
-"""The bf16 AMX matmul: x @ weight^T from a weight packed once, each row's result independent of the
-row count. Runs where the CPU has AMX; elsewhere packing declines and the engine keeps oneDNN."""
+"""The bf16 matmul: x @ weight^T from a weight packed once (AMX tile products, or AVX512-BF16 dot products),
+each row's result independent of the row count. Runs where the CPU has AVX512-BF16; elsewhere packing
+declines and the engine keeps oneDNN."""
 import pytest
 import torch
 
@@ -10,10 +11,11 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
 
 
-amx = pytest.mark.skipif(cpu.pack_linear_weight(randn(16, 32)) is None, reason="no AMX on this CPU (or no compiler)")
+packs = pytest.mark.skipif(cpu.pack_linear_weight(randn(16, 32)) is None,
+                           reason="no AVX512-BF16 on this CPU (or no compiler)")
 
 
-@amx
+@packs
 @pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 33, 130, 300])
 @pytest.mark.parametrize("outputs,inputs", [(16, 32), (48, 576), (576, 1536)])
 def test_packed_linear_computes_x_times_weight_transposed(rows, outputs, inputs):
@@ -24,7 +26,7 @@ def test_packed_linear_computes_x_times_weight_transposed(rows, outputs, inputs)
     torch.testing.assert_close(out.float(), x.float() @ weight.float().t(), atol=1e-3, rtol=2 ** -7)
 
 
-@amx
+@packs
 def test_a_rows_result_does_not_depend_on_the_row_count_or_the_row_stride():
     x, weight = randn(300, 576), randn(960, 576, seed=1)
     packed = cpu.pack_linear_weight(weight)
@@ -36,7 +38,7 @@ def test_a_rows_result_does_not_depend_on_the_row_count_or_the_row_stride():
     assert torch.equal(cpu.linear(wide[:, :576], packed), everything)  # strided rows, as a slice of a wider one
 
 
-@amx
+@packs
 def test_packing_declines_what_the_tiles_cannot_hold():
     assert dispatch.pack_linear_weight(randn(20, 32)) is None  # outputs not a multiple of 16
     assert dispatch.pack_linear_weight(randn(16, 40)) is None  # inputs not a multiple of 32
@@ -44,7 +46,7 @@ def test_packing_declines_what_the_tiles_cannot_hold():
     assert dispatch.pack_linear_weight(randn(16, 32).half()) is None
 
 
-@amx
+@packs
 def test_a_mismatched_input_width_is_an_error_naming_both():
     with pytest.raises(RuntimeError, match="x has 64 inputs, the weight 32"):
         cpu.linear(randn(2, 64), cpu.pack_linear_weight(randn(16, 32)))

@@ -22,3 +22,13 @@ def test_bench_without_the_extra_says_in_one_line_how_to_install_it():
     result = _specd_without_the_bench_extra("bench", "spec")
     assert result.returncode == 2
     assert result.stderr == "specd bench: needs matplotlib and tqdm: pip install 'specd[bench]'\n"
+
+
+def test_specd_up_hands_its_capacity_flags_to_the_target_as_serve_target_reads_them():
+    from specd_cli.main import SCHEDULER_FLAGS, _build_parser, _scheduler_args
+    parser = _build_parser()
+    up = parser.parse_args(["up", "--kv-cache-tokens", "4096", "--max-num-seqs", "8", "--max-step-tokens", "256",
+                            "--max-waiting", "3", "--kv-cache-memory", "0.5"])
+    target = parser.parse_args(["serve", "target", *_scheduler_args(up)])
+    assert {name: getattr(target, name) for name in SCHEDULER_FLAGS} == \
+        {"kv_cache_tokens": 4096, "kv_cache_memory": 0.5, "max_num_seqs": 8, "max_step_tokens": 256, "max_waiting": 3}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from target_svc.engine.linear_cpu import AMX_TILES, PACKED, ROW_BUCKETS, LinearPlan, formulations
+from target_svc.engine.linear_cpu import SPECD_BF16, PACKED, ROW_BUCKETS, LinearPlan, formulations
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -67,7 +67,7 @@ def test_bf16_weights_the_amx_kernel_takes_go_to_it_whole_whatever_the_row_count
     if kernels.pack_linear_weight(weights[0]) is None:
         pytest.skip("no AMX on this CPU")
     plan = LinearPlan.measure(weights)
-    assert plan.names == (AMX_TILES,) * len(ROW_BUCKETS) and plan.any_row_count
+    assert plan.names == (SPECD_BF16,) * len(ROW_BUCKETS) and plan.any_row_count
     prepared = [plan.prepare(w) for w in weights]
     assert plan.rows_independent(prepared)
     x = random_matrix(300, 64, seed=3).bfloat16()

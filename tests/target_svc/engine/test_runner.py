@@ -176,11 +176,12 @@ def test_a_chain_needs_no_positions_or_parents():
 
 def test_explicit_chain_positions_and_parents_change_nothing(tiny_model_dir):
     prompt, new = tokens(10, 15), tokens(4, 16)
+    # One runner for both: in fp32 each runner measures its own matmul plan, which may differ.
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4)
     logits = []
-    for explicit in ({}, {"positions": [10, 11, 12, 13], "parents": [-1, 0, 1, 2]}):
-        runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4)
-        runner.forward([SequenceInput("a", prompt, 0, 1)])
-        logits.append(runner.forward([SequenceInput("a", new, 10, 4, **explicit)]))
+    for seq_id, explicit in (("a", {}), ("b", {"positions": [10, 11, 12, 13], "parents": [-1, 0, 1, 2]})):
+        runner.forward([SequenceInput(seq_id, prompt, 0, 1)])
+        logits.append(runner.forward([SequenceInput(seq_id, new, 10, 4, **explicit)]))
     assert torch.equal(*logits)
 
 
@@ -279,6 +280,6 @@ def test_in_bf16_a_prompt_prefilled_in_pieces_gets_the_logits_it_gets_in_one_for
 
 def test_the_runner_says_whether_its_logits_are_batch_invariant(tiny_model_dir, monkeypatch):
     bf16 = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4, engine=EngineConfig(dtype=torch.bfloat16))
-    assert bf16.batch_invariant  # oneDNN's bf16 matmuls keep rows independent here, and the kernel does
+    assert bf16.batch_invariant  # the packed bf16 matmul (or oneDNN's) keeps rows independent, the kernel too
     monkeypatch.setenv("SPECD_KERNELS", "torch")  # the reference attention promises nothing
     assert not bf16.batch_invariant
