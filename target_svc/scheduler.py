@@ -40,11 +40,16 @@ log = logging.getLogger(__name__)
 # anyone is preempted.
 ADMISSION_WATERMARK = 0.01
 # Prompt chunks beside decodes may make a step this many times a plain decoding step of its sequences
-# (by the cost model; drafts come on top), but a step always prefills at least MIN_PREFILL_CHUNK
-# tokens: the inter-token latency of running streams stays within a small multiple of a plain step
-# while prompts keep arriving.
+# (by the cost model; drafts come on top), but a step always prefills at least MIN_PREFILL_CHUNK tokens:
+# the inter-token latency of running streams stays within a small multiple of a plain step while
+# prompts keep arriving...
 PREFILL_STRETCH = 3.0
 MIN_PREFILL_CHUNK = 32
+# ...unless prompt tokens arrive faster than that: then each step carries PREFILL_PACE times their mean
+# arrival per step (over about RECENT_STEPS steps), so that under a sustained load every step carries
+# a like share of prompts (steps stay alike, and so does the latency) and the queue drains.
+PREFILL_PACE = 1.25
+RECENT_STEPS = 64
 
 
 @dataclass
@@ -97,6 +102,8 @@ class Scheduler:
         self._running: list[Sequence] = []  # in admission order: the newest last, preempted first
         self._wake = asyncio.Event()
         self._compute_thread = compute_thread
+        self._prompt_arrivals = 0.0  # prompt tokens submitted per step, a moving mean over ~RECENT_STEPS
+        self._arrived = 0  # prompt tokens submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
 
     # -- requests -------------------------------------------------------------
@@ -111,6 +118,7 @@ class Scheduler:
             raise ResourceExhausted(f"the server is at capacity: {len(self._waiting)} requests are waiting "
                                     f"(--max-waiting {self._max_waiting}); retry later")
         self._waiting.append(seq)
+        self._arrived += len(seq.prompt)
         self._metrics.requests_waiting.set(len(self._waiting))
         self._wake.set()
 
@@ -135,6 +143,8 @@ class Scheduler:
 
     async def step(self) -> None:
         self._drop_aborted()
+        self._prompt_arrivals += (self._arrived - self._prompt_arrivals) / RECENT_STEPS
+        self._arrived = 0
         decodes = [s for s in self._running if not s.in_prefill]
         drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes]) if decodes else {}
         plan = self._plan(decodes, {sid: d.first_path() for sid, d in drafts.items()})
@@ -193,14 +203,16 @@ class Scheduler:
     def _prefill_allowance(self, decoding: list[Scheduled]) -> int:
         """Prompt tokens a step may carry beside its decodes: as many as would keep a plain decoding step
         of the same sequences within PREFILL_STRETCH times its cost by the cost model (at least
-        MIN_PREFILL_CHUNK), so that prompts arriving under load never stall the streams; drafts come on
+        MIN_PREFILL_CHUNK), so that prompts arriving under load never stall the streams, or, if prompts
+        arrive faster, PREFILL_PACE times their pace; drafts come on
         top, never out of the prompts' share (speculation must not slow admission). All the budget when
         nothing decodes."""
         if not decoding:
             return self._max_step_tokens
         plain_step = self._cost.predict(StepShape(len(decoding), sum(item.seq.num_computed + 1 for item in decoding)))
         _, per_token, _ = self._cost.coefficients
-        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * plain_step / per_token))
+        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * plain_step / per_token),
+                   int(PREFILL_PACE * self._prompt_arrivals))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs."""

@@ -180,6 +180,23 @@ async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_
         assert metric(scheduler, "specd_prefill_chunks_total") == 2
 
 
+async def test_prompts_arriving_faster_than_the_stretch_allows_are_prefilled_at_their_pace(tiny_model_dir):
+    cost = StepCostModel()  # 20 ms a step plus 10 ms a token: the stretch allows only the 32-token minimum
+    for tokens in (1, 64, 512):
+        cost.observe(StepShape(tokens, 0), 0.020 + 0.010 * tokens, profile=True)
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=8192, cost_model=cost) as scheduler:
+        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
+        short = sequence("short", max_tokens=400)
+        scheduler.submit(short)
+        await short.outputs.get()
+        for i in range(120):  # 64 prompt tokens arrive every step: twice what the stretch alone would take
+            scheduler.submit(sequence(f"p{i}", prompt_of(i, 64), max_tokens=1))
+            await short.outputs.get()
+        backlog = sum(s.prefill_target - s.num_computed for s in (*scheduler._running, *scheduler._waiting))
+        # 32 tokens a step would leave 120 * 32 behind; the pace catches up with the arrivals instead
+        assert backlog < 120 * 32 * 2 / 3
+
+
 @pytest.mark.parametrize("speculate", [False, True], ids=["none", "drafts"])
 async def test_when_the_kv_cache_runs_out_the_newest_sequences_are_preempted_and_outputs_do_not_change(
         tiny_model_dir, speculate):
