@@ -39,10 +39,11 @@ log = logging.getLogger(__name__)
 # Share of the KV blocks admission leaves free, so that running sequences can grow a while before
 # anyone is preempted.
 ADMISSION_WATERMARK = 0.01
-# Prompt chunks beside decodes may make a step this many times a plain decoding step of its sequences
-# (by the cost model; drafts come on top), but a step always prefills at least MIN_PREFILL_CHUNK tokens:
-# the inter-token latency of running streams stays within a small multiple of a plain step while
-# prompts keep arriving...
+# Prompt chunks beside decodes may make a step this many times its decoding part (a plain decoding step
+# of its sequences by the cost model, plus the draft tokens recent steps verified and the drafters'
+# round trip: speculation must not slow admission), but a step always prefills at least
+# MIN_PREFILL_CHUNK tokens: the inter-token latency of running streams stays within a small multiple
+# of a decoding step while prompts keep arriving...
 PREFILL_STRETCH = 3.0
 MIN_PREFILL_CHUNK = 32
 # ...unless prompt tokens arrive faster than that: then each step carries PREFILL_PACE times their mean
@@ -103,6 +104,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._compute_thread = compute_thread
         self._prompt_arrivals = 0.0  # prompt tokens submitted per step, a moving mean over ~RECENT_STEPS
+        self._draft_tokens = 0.0  # draft tokens verified per step, a moving mean likewise
+        self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
         self._arrived = 0  # prompt tokens submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
 
@@ -146,7 +149,9 @@ class Scheduler:
         self._prompt_arrivals += (self._arrived - self._prompt_arrivals) / RECENT_STEPS
         self._arrived = 0
         decodes = [s for s in self._running if not s.in_prefill]
+        asked = time.perf_counter()
         drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes]) if decodes else {}
+        self._round_trip += (time.perf_counter() - asked - self._round_trip) / RECENT_STEPS
         plan = self._plan(decodes, {sid: d.first_path() for sid, d in drafts.items()})
         if not plan:
             return
@@ -201,17 +206,16 @@ class Scheduler:
         return prefilling
 
     def _prefill_allowance(self, decoding: list[Scheduled]) -> int:
-        """Prompt tokens a step may carry beside its decodes: as many as would keep a plain decoding step
-        of the same sequences within PREFILL_STRETCH times its cost by the cost model (at least
-        MIN_PREFILL_CHUNK), so that prompts arriving under load never stall the streams, or, if prompts
-        arrive faster, PREFILL_PACE times their pace; drafts come on
-        top, never out of the prompts' share (speculation must not slow admission). All the budget when
-        nothing decodes."""
+        """Prompt tokens a step may carry beside its decodes: as many as would keep the step within
+        PREFILL_STRETCH times its decoding part by the cost model (at least MIN_PREFILL_CHUNK), so that
+        prompts arriving under load never stall the streams, or, if prompts arrive faster,
+        PREFILL_PACE times their pace. All the budget when nothing decodes."""
         if not decoding:
             return self._max_step_tokens
-        plain_step = self._cost.predict(StepShape(len(decoding), sum(item.seq.num_computed + 1 for item in decoding)))
         _, per_token, _ = self._cost.coefficients
-        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * plain_step / per_token),
+        plain = StepShape(len(decoding), sum(item.seq.num_computed + 1 for item in decoding))
+        decoding_part = self._cost.predict(plain) + per_token * self._draft_tokens + self._round_trip
+        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * decoding_part / per_token),
                    int(PREFILL_PACE * self._prompt_arrivals))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
@@ -221,6 +225,7 @@ class Scheduler:
         choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding], base, self._cost)
         for item, length in zip(decoding, choice.lengths):
             item.draft, item.probs = item.draft[:length], item.probs[:length]
+        self._draft_tokens += (sum(choice.lengths) - self._draft_tokens) / RECENT_STEPS
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
         self._metrics.predicted_step_seconds.inc(choice.seconds)
@@ -274,7 +279,8 @@ class Scheduler:
         """One forward pass over the whole batch, then verification of the rows that have logits."""
         started = time.perf_counter()
         inputs = [item.input() for item in plan]
-        shape = StepShape(sum(len(i.token_ids) for i in inputs), sum(i.start_position + len(i.token_ids) for i in inputs))
+        shape = StepShape(sum(len(i.token_ids) for i in inputs),
+                          sum(i.start_position + len(i.token_ids) for i in inputs))
         logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
         results = iter(verify(logits, [VerifyInput(i.seq.sampling, i.seq.tokens, i.draft, i.seq.generator)
