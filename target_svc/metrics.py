@@ -27,6 +27,10 @@ class TargetMetrics:
             "specd_preemptions",
             "Running sequences whose KV blocks were taken back when the cache ran out; each is recomputed "
             "from its tokens later, its output unchanged", registry=r)
+        self.drafting_skipped = Counter(
+            "specd_drafting_skipped_steps",
+            "Steps in which sequences could take drafts but the drafters were not asked: by what the drafts "
+            "had been gaining, their round trip would have cost more", registry=r)
         self.prefill_chunks = Counter(
             "specd_prefill_chunks",
             "Prompt pieces prefilled in a step without completing the prompt (chunked prefill: "

@@ -28,6 +28,7 @@ from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.drafters import Drafters
 from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.drafting.gate import DraftingGate
 from target_svc.drafting.length import choose_drafts
 from target_svc.metrics import TargetMetrics
 from target_svc.engine.runner import ModelRunner, SequenceInput
@@ -106,6 +107,8 @@ class Scheduler:
         self._prompt_arrivals = 0.0  # prompt tokens submitted per step, a moving mean over ~RECENT_STEPS
         self._draft_tokens = 0.0  # draft tokens verified per step, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
+        self._step_seconds = 0.0  # seconds of a step's forward and verification, a moving mean likewise
+        self._gate = DraftingGate()
         self._arrived = 0  # prompt tokens submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
 
@@ -146,16 +149,30 @@ class Scheduler:
 
     async def step(self) -> None:
         self._drop_aborted()
-        self._prompt_arrivals += (self._arrived - self._prompt_arrivals) / RECENT_STEPS
+        self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0
         decodes = [s for s in self._running if not s.in_prefill]
-        asked = time.perf_counter()
-        drafts = await self._drafters.propose([(s, s.draft_budget()) for s in decodes]) if decodes else {}
-        self._round_trip += (time.perf_counter() - asked - self._round_trip) / RECENT_STEPS
+        wanting = [s for s in decodes if s.draft_budget() > 0 and self._drafters.serves(s)]
+        asking = self._gate.worth_asking(wanting, len(decodes), self._step_seconds)
+        round_trip, drafts = 0.0, {}
+        if asking:
+            asked = time.perf_counter()
+            drafts = await self._drafters.propose([(s, s.draft_budget()) for s in wanting])
+            round_trip = time.perf_counter() - asked
+        elif wanting:
+            self._gate.skipped(wanting)
+            self._metrics.drafting_skipped.inc()
+        self._round_trip = _moved(self._round_trip, round_trip)
         plan = self._plan(decodes, {sid: d.first_path() for sid, d in drafts.items()})
         if not plan:
             return
+        started = time.perf_counter()
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
+        self._step_seconds = _moved(self._step_seconds, time.perf_counter() - started)
+        if asking:
+            asked_ids = {s.request_id for s in wanting}
+            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted) for item, outcome in zip(plan, outcomes)
+                                          if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
         realized = 0
         for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):
@@ -225,7 +242,7 @@ class Scheduler:
         choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding], base, self._cost)
         for item, length in zip(decoding, choice.lengths):
             item.draft, item.probs = item.draft[:length], item.probs[:length]
-        self._draft_tokens += (sum(choice.lengths) - self._draft_tokens) / RECENT_STEPS
+        self._draft_tokens = _moved(self._draft_tokens, sum(choice.lengths))
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
         self._metrics.predicted_step_seconds.inc(choice.seconds)
@@ -374,3 +391,8 @@ class Scheduler:
 
     async def close(self) -> None:
         self._compute_thread.shutdown(wait=True)
+
+
+def _moved(mean: float, value: float) -> float:
+    """A moving mean over about RECENT_STEPS steps, after one more step's value."""
+    return mean + (value - mean) / RECENT_STEPS

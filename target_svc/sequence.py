@@ -46,6 +46,10 @@ class Sequence:
     # takes several steps), then all but the newest token (the next step feeds it in).
     num_computed: int = 0
     preemptions: int = 0  # times its KV cache was taken back for others
+    # Draft tokens accepted per step in the steps its drafter was asked (a moving mean; None: never
+    # asked), and steps since it was last asked: `DraftingGate` decides from them whether to ask.
+    draft_gain: float | None = None
+    unasked_steps: int = 0
 
     def __post_init__(self):
         # Prompt + output in one list that only grows: the decode step reads it every step.

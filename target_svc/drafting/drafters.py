@@ -27,6 +27,10 @@ class Drafters:
         """Every served method's options ("none" included), as the methods declare them."""
         return {NONE_SCHEMA.method: NONE_SCHEMA, **{m: s.schema for m, s in self._sources.items()}}
 
+    def serves(self, seq: Sequence) -> bool:
+        """Whether a source here drafts for the sequence's method."""
+        return seq.speculative.method in self._sources
+
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         """Drafts for every (sequence, k) with k > 0, asking all sources concurrently."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}

@@ -219,6 +219,37 @@ async def test_when_the_kv_cache_runs_out_the_newest_sequences_are_preempted_and
             assert sum(s.usage.accepted_draft_tokens for s in seqs.values()) > 0
 
 
+class WrongGuesser(Oracle):
+    """Drafts that are always rejected, from a drafter that takes 10 ms to answer; counts its asks."""
+
+    method = "wrong"
+    schema = OptionSchema(method)
+
+    def __init__(self):
+        super().__init__({})
+        self.asks = 0
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        self.asks += 1
+        await asyncio.sleep(0.010)
+        return {seq.request_id: DraftTree.chain([(seq.tokens[-1] + 1) % 64] * k, [0.9] * k) for seq, k in wanted}
+
+
+async def test_a_drafter_whose_drafts_gain_nothing_is_asked_only_now_and_then_and_changes_nothing(tiny_model_dir):
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = await run_to_end(scheduler, sequence("plain", max_tokens=48))
+    drafter = WrongGuesser()
+    async with bf16_scheduler(tiny_model_dir, sources=[drafter]) as scheduler:
+        seq = Sequence("guessed", list(PROMPT), SamplingParams(max_tokens=48),
+                       SpeculativeConfig(method="wrong", num_speculative_tokens=4), 48, eos_token_ids=frozenset())
+        got = await run_to_end(scheduler, seq)
+        assert got == expected
+        # 46 decoding steps could take drafts (the last one's single token ends the request): asked at the
+        # first, then about once every PROBE_EVERY (8) steps
+        assert drafter.asks <= 46 // 4
+        assert metric(scheduler, "specd_drafting_skipped_steps_total") == 46 - drafter.asks
+
+
 async def test_huge_max_tokens_hold_no_memory_until_tokens_exist(tiny_model_dir):
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=1024) as scheduler:
         # Each could grow to nearly the whole cache; admission used to promise it that up front.

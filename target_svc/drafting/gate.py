@@ -1,0 +1,44 @@
+"""Whether a step asks the drafters at all: their round trip against what drafts have been gaining.
+
+While the drafters answer, the model waits; the step cost model does not see that time, and with one
+sequence it is about a tenth of a step. So each sequence keeps a moving mean of the draft tokens
+accepted in the steps it was asked (`Sequence.draft_gain`), and a step asks only when the gain the
+batch expects is worth more than the tokens the batch would decode in the round trip. A sequence not
+asked for PROBE_EVERY steps is asked again, so one whose text turns repetitive gets its drafts back.
+"""
+from __future__ import annotations
+
+from target_svc.sequence import Sequence
+
+PROBE_EVERY = 8
+SMOOTHING = 0.25  # weight of a sequence's newest asked step in its mean gain, and of an ask's round trip
+
+
+class DraftingGate:
+    def __init__(self):
+        self.round_trip: float | None = None  # seconds an ask takes, a moving mean; None before the first
+
+    def worth_asking(self, wanting: list[Sequence], decodes: int, step_seconds: float) -> bool:
+        """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences that takes
+        about `step_seconds` without them."""
+        if not wanting:
+            return False
+        if self.round_trip is None or any(s.draft_gain is None or s.unasked_steps >= PROBE_EVERY for s in wanting):
+            return True
+        decoded_meanwhile = self.round_trip * decodes / step_seconds if step_seconds > 0 else 0.0
+        return sum(s.draft_gain for s in wanting) > decoded_meanwhile
+
+    def asked(self, round_trip: float, accepted: list[tuple[Sequence, int]]) -> None:
+        """An ask took `round_trip` seconds, and each (sequence, tokens): the asked sequence had that many
+        draft tokens accepted (0 where it got no draft)."""
+        self.round_trip = round_trip if self.round_trip is None else \
+            self.round_trip + SMOOTHING * (round_trip - self.round_trip)
+        for seq, tokens in accepted:
+            seq.draft_gain = tokens if seq.draft_gain is None else \
+                seq.draft_gain + SMOOTHING * (tokens - seq.draft_gain)
+            seq.unasked_steps = 0
+
+    @staticmethod
+    def skipped(wanting: list[Sequence]) -> None:
+        for seq in wanting:
+            seq.unasked_steps += 1
