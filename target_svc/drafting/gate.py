@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from target_svc.sequence import Sequence
 
-PROBE_EVERY = 8
+PROBE_EVERY = 4
 SMOOTHING = 0.25  # weight of a sequence's newest asked step in its mean gain, and of an ask's round trip
 
 
