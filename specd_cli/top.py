@@ -140,7 +140,8 @@ def _target_lines(before: Scrape, now: Scrape, seconds: float) -> list[str]:
         f"KV cache   {used:.0f} / {total:.0f} blocks ({_percent(_ratio(used, total))})   "
         f"preemptions {now.total('specd_preemptions_total'):.0f}   "
         f"prefill chunks {now.total('specd_prefill_chunks_total'):.0f}   "
-        f"rejected {now.total('specd_requests_rejected_total'):.0f}",
+        f"rejected {now.total('specd_requests_rejected_total'):.0f}   "
+        f"steps not asking drafters {now.total('specd_drafting_skipped_steps_total'):.0f}",
         _step_line(before, now),
         "",
         f"{'method':<10}{'out tok/s':>10}{'draft tok/s':>13}{'accepted tok/s':>16}{'accept rate':>13}"
