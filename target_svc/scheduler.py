@@ -171,7 +171,9 @@ class Scheduler:
         self._step_seconds = _moved(self._step_seconds, time.perf_counter() - started)
         if asking:
             asked_ids = {s.request_id for s in wanting}
-            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted) for item, outcome in zip(plan, outcomes)
+            offered = {sid for sid, draft in drafts.items() if len(draft)}
+            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted if item.seq.request_id in offered else None)
+                                          for item, outcome in zip(plan, outcomes)
                                           if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
         realized = 0
         for item, outcome in zip(plan, outcomes):

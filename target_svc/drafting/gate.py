@@ -2,9 +2,11 @@
 
 While the drafters answer, the model waits; the step cost model does not see that time, and with one
 sequence it is about a tenth of a step. So each sequence keeps a moving mean of the draft tokens
-accepted in the steps it was asked (`Sequence.draft_gain`), and a step asks only when the gain the
-batch expects is worth more than the tokens the batch would decode in the round trip. A sequence not
-asked for PROBE_EVERY steps is asked again, so one whose text turns repetitive gets its drafts back.
+accepted in the steps it was offered a draft (`Sequence.draft_gain`), and a step asks only when the
+gain the batch expects is worth more than the tokens the batch would decode in the round trip. A step
+in which the drafter had nothing to offer says little about the next (n-gram matches start as soon as
+the text repeats), so it leaves the mean as it was. A sequence not asked for PROBE_EVERY steps is
+asked again, so one whose text turns repetitive gets its drafts back.
 """
 from __future__ import annotations
 
@@ -28,15 +30,16 @@ class DraftingGate:
         decoded_meanwhile = self.round_trip * decodes / step_seconds if step_seconds > 0 else 0.0
         return sum(s.draft_gain for s in wanting) > decoded_meanwhile
 
-    def asked(self, round_trip: float, accepted: list[tuple[Sequence, int]]) -> None:
+    def asked(self, round_trip: float, accepted: list[tuple[Sequence, int | None]]) -> None:
         """An ask took `round_trip` seconds, and each (sequence, tokens): the asked sequence had that many
-        draft tokens accepted (0 where it got no draft)."""
+        draft tokens accepted, None where it was offered no draft."""
         self.round_trip = round_trip if self.round_trip is None else \
             self.round_trip + SMOOTHING * (round_trip - self.round_trip)
         for seq, tokens in accepted:
-            seq.draft_gain = tokens if seq.draft_gain is None else \
-                seq.draft_gain + SMOOTHING * (tokens - seq.draft_gain)
             seq.unasked_steps = 0
+            if tokens is not None:
+                seq.draft_gain = tokens if seq.draft_gain is None else \
+                    seq.draft_gain + SMOOTHING * (tokens - seq.draft_gain)
 
     @staticmethod
     def skipped(wanting: list[Sequence]) -> None:

@@ -35,3 +35,12 @@ def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
 
 def test_nothing_to_ask_for_is_not_asked():
     assert not DraftingGate().worth_asking([], decodes=4, step_seconds=0.015)
+
+
+def test_a_step_without_a_draft_on_offer_leaves_what_the_drafts_gained_as_it_was():
+    gate, seq = DraftingGate(), sequence("a")
+    gate.asked(0.002, [(seq, None)])  # nothing matched yet: no evidence against drafting
+    assert seq.draft_gain is None and gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+    gate.asked(0.002, [(seq, 3)])
+    gate.asked(0.002, [(seq, None)])
+    assert seq.draft_gain == 3
