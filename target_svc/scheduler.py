@@ -152,12 +152,13 @@ class Scheduler:
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0
         decodes = [s for s in self._running if not s.in_prefill]
-        wanting = [s for s in decodes if s.draft_budget() > 0 and self._drafters.serves(s)]
+        wanted = [(s, k) for s in decodes if self._drafters.serves(s) and (k := s.draft_budget()) > 0]
+        wanting = [s for s, _ in wanted]
         asking = self._gate.worth_asking(wanting, len(decodes), self._step_seconds)
         round_trip, drafts = 0.0, {}
         if asking:
             asked = time.perf_counter()
-            drafts = await self._drafters.propose([(s, s.draft_budget()) for s in wanting])
+            drafts = await self._drafters.propose(wanted)
             round_trip = time.perf_counter() - asked
         elif wanting:
             self._gate.skipped(wanting)
@@ -169,10 +170,9 @@ class Scheduler:
         started = time.perf_counter()
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
         self._step_seconds = _moved(self._step_seconds, time.perf_counter() - started)
-        if asking:
+        if asking:  # each asked sequence that verified, with what its draft gained (None: it was offered none)
             asked_ids = {s.request_id for s in wanting}
-            offered = {sid for sid, draft in drafts.items() if len(draft)}
-            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted if item.seq.request_id in offered else None)
+            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted if drafts.get(item.seq.request_id) else None)
                                           for item, outcome in zip(plan, outcomes)
                                           if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
         realized = 0

@@ -23,6 +23,7 @@
 namespace {
 
 using namespace specd_cpu;
+using bf16 = c10::BFloat16;
 
 constexpr int64_t kBlockRows = 16;     // rows of x per tile
 constexpr int64_t kBlockOutputs = 16;  // outputs per weight tile
@@ -50,7 +51,6 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 }
 
 #ifdef SPECD_AMX
-using bf16 = c10::BFloat16;
 constexpr int64_t kTileElements = kBlockInputs * kBlockOutputs;  // one packed weight tile
 
 // Up to 16 rows of x as a tile reads them.
@@ -159,14 +159,13 @@ void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) 
 #endif
 
 #ifdef __AVX512BF16__
-using bf16_t = c10::BFloat16;
 constexpr int kDotRows = 4;    // rows of x per micro-kernel call
 constexpr int kDotBlocks = 4;  // output blocks (of 16) per call: 16 accumulators in registers
 
 // out[ROWS rows, BLOCKS x 16 outputs]: for each output, one fp32 sum over the K / 2 input pairs in order,
 // a pair at a time: x's pair broadcast against the 16 outputs' pairs (a row of the packed weight).
 template <int ROWS, int BLOCKS>
-void dot_products(const bf16_t* x, int64_t x_stride, const bf16_t* b, int64_t pairs, bf16_t* out,
+void dot_products(const bf16* x, int64_t x_stride, const bf16* b, int64_t pairs, bf16* out,
                   int64_t out_stride) {
   const int64_t block_elements = pairs * 2 * kBlockOutputs;  // one output block's packed weight
   __m512 sums[ROWS][BLOCKS];
@@ -192,7 +191,7 @@ void dot_products(const bf16_t* x, int64_t x_stride, const bf16_t* b, int64_t pa
   }
 }
 
-using DotKernel = void (*)(const bf16_t*, int64_t, const bf16_t*, int64_t, bf16_t*, int64_t);
+using DotKernel = void (*)(const bf16*, int64_t, const bf16*, int64_t, bf16*, int64_t);
 
 template <int ROWS>
 constexpr DotKernel dot_kernel(int blocks) {
@@ -210,11 +209,11 @@ DotKernel dot_kernel(int rows, int blocks) {
 // of the pass through it. The order changes only which data is in cache, never how an output is summed.
 void dot_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) {
   const int64_t rows = x.size(0), n_blocks = packed.size(0), pairs = x.size(1) / 2, outputs = out.size(1);
-  const int64_t group_bytes = kDotBlocks * pairs * 2 * kBlockOutputs * int64_t(sizeof(bf16_t));
+  const int64_t group_bytes = kDotBlocks * pairs * 2 * kBlockOutputs * int64_t(sizeof(bf16));
   const int64_t groups_per_chunk = std::max<int64_t>(1, kChunkBytes / group_bytes);
-  const bf16_t* weight = packed.data_ptr<bf16_t>();
-  const bf16_t* src = x.data_ptr<bf16_t>();
-  bf16_t* dst = out.data_ptr<bf16_t>();
+  const bf16* weight = packed.data_ptr<bf16>();
+  const bf16* src = x.data_ptr<bf16>();
+  bf16* dst = out.data_ptr<bf16>();
   const int64_t x_stride = x.stride(0);
   at::parallel_for(0, (n_blocks + kDotBlocks - 1) / kDotBlocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pass = 0; pass < rows; pass += kRowsPerPass) {

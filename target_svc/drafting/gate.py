@@ -21,8 +21,8 @@ class DraftingGate:
         self.round_trip: float | None = None  # seconds an ask takes, a moving mean; None before the first
 
     def worth_asking(self, wanting: list[Sequence], decodes: int, step_seconds: float) -> bool:
-        """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences that takes
-        about `step_seconds` without them."""
+        """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences, recent steps
+        having taken `step_seconds`."""
         if not wanting:
             return False
         if self.round_trip is None or any(s.draft_gain is None or s.unasked_steps >= PROBE_EVERY for s in wanting):
@@ -33,15 +33,18 @@ class DraftingGate:
     def asked(self, round_trip: float, accepted: list[tuple[Sequence, int | None]]) -> None:
         """An ask took `round_trip` seconds, and each (sequence, tokens): the asked sequence had that many
         draft tokens accepted, None where it was offered no draft."""
-        self.round_trip = round_trip if self.round_trip is None else \
-            self.round_trip + SMOOTHING * (round_trip - self.round_trip)
+        self.round_trip = _moved(self.round_trip, round_trip)
         for seq, tokens in accepted:
             seq.unasked_steps = 0
             if tokens is not None:
-                seq.draft_gain = tokens if seq.draft_gain is None else \
-                    seq.draft_gain + SMOOTHING * (tokens - seq.draft_gain)
+                seq.draft_gain = _moved(seq.draft_gain, tokens)
 
     @staticmethod
     def skipped(wanting: list[Sequence]) -> None:
         for seq in wanting:
             seq.unasked_steps += 1
+
+
+def _moved(mean: float | None, value: float) -> float:
+    """A moving mean after one more value, SMOOTHING its weight; the first value where there is none."""
+    return value if mean is None else mean + SMOOTHING * (value - mean)

@@ -136,8 +136,8 @@ class LinearPlan:
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
         """For fp32 weights on CPU: per bucket, the formulation fastest over `weights` (say, one
-        layer's). bf16 and fp16 on CPU: specd's packed kernel where it takes every one of `weights`, else packed
-        for oneDNN where it runs them. Elsewhere F.linear."""
+        layer's). bf16 and fp16 on CPU: specd's packed kernel where it takes every one of `weights`,
+        else packed for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
         if all(kernels.packs_linear_weight(w) for w in weights):
