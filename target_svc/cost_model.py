@@ -1,9 +1,12 @@
 """What one target step costs, measured where it runs.
 
 seconds ≈ fixed + per_token · new tokens + per_context · the step's sequences' lengths, summed
+                + per_pair · the step's query-key pairs
 
-(the length a sequence reaches in the step is what its queries attend over: its cached tokens and
-its new ones),
+(the length a sequence reaches in the step is the K/V its attention reads; each new token attends
+over the tokens up to itself, so a prompt chunk of n tokens after d cached ones brings n·d + n(n+1)/2
+pairs: a chunk deep in a long prompt costs many times one at its start, measured on a 2-core EPYC
+at 16 ms against 560 ms for 32 tokens after 0 and after 7,936),
 
 fitted by least squares to a short profile at start-up and then to every real step, recent steps
 weighing more (the profile keeps its weight, so the fit stays determined when the load is steady).
@@ -13,27 +16,55 @@ the batch's tokens out per second (`choose_drafts`).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
+from typing import Iterable, NamedTuple
 
 from target_svc.engine.runner import ModelRunner, SequenceInput
 
-TERMS = 3  # fixed, per new token, per token of the sequences' lengths
+class Coefficients(NamedTuple):
+    """Seconds: per step, per new token, per token of the sequences' lengths, per query-key pair."""
+    fixed: float
+    per_token: float
+    per_context: float
+    per_pair: float
+
+
+TERMS = len(Coefficients._fields)
 
 
 @dataclass(frozen=True)
 class StepShape:
     tokens: int  # new tokens in the forward: prompt chunks, decodes' newest tokens, drafts
     context: int  # the lengths the step's sequences reach (cached + new tokens), summed
+    pairs: int  # the query-key pairs of the step's attention
 
-    def features(self) -> tuple[float, float, float]:
-        return 1.0, float(self.tokens), float(self.context)
+    @classmethod
+    def of(cls, spans: Iterable[tuple[int, int]]) -> StepShape:
+        """The shape of a step whose sequences each bring (cached tokens, new tokens)."""
+        tokens = context = pairs = 0
+        for cached, new in spans:
+            tokens, context, pairs = tokens + new, context + cached + new, pairs + attention_pairs(cached, new)
+        return cls(tokens, context, pairs)
+
+    def features(self) -> tuple[float, ...]:
+        return 1.0, float(self.tokens), float(self.context), float(self.pairs)
+
+
+def attention_pairs(cached: int, new: int) -> int:
+    """Query-key pairs of `new` tokens after `cached` ones: each attends over the tokens up to itself."""
+    return new * cached + new * (new + 1) // 2
 
 
 # Before any measurement: a 20 ms one-token step, each more token 12% of that (specd's old constant),
 # weighing a thousandth of one measured step, so that the first measurements decide.
 _PRIOR_WEIGHT = 1e-3
-_PRIOR = [(StepShape(1, 1), 0.020), (StepShape(65, 65), 0.020 * (1 + 0.12 * 64)), (StepShape(1, 4096), 0.022)]
+_PRIOR = [(StepShape.of([(0, 1)]), 0.020), (StepShape.of([(0, 65)]), 0.020 * (1 + 0.12 * 64)),
+          (StepShape.of([(4095, 1)]), 0.022), (StepShape.of([(4032, 64)]), 0.020 * (1 + 0.12 * 64) + 0.01)]
+
+
+PROFILE_NEW_TOKENS = (1, 4, 16, 32, 64)
 
 
 class _Moments:
@@ -68,13 +99,32 @@ class StepCostModel:
         self._coefficients = self._solve()
 
     @property
-    def coefficients(self) -> tuple[float, float, float]:
-        """Seconds: fixed, per new token, per token of the sequences' lengths."""
+    def coefficients(self) -> Coefficients:
         return self._coefficients
 
     def predict(self, shape: StepShape) -> float:
-        fixed, per_token, per_context = self._coefficients
-        return fixed + per_token * shape.tokens + per_context * shape.context
+        return sum(c * x for c, x in zip(self._coefficients, shape.features()))
+
+    def token_seconds(self, position: int) -> float:
+        """What one more new token at `position` (0-based, in its sequence) adds to a step."""
+        c = self._coefficients
+        return c.per_token + c.per_context + c.per_pair * (position + 1)
+
+    def chunk_seconds(self, cached: int, new: int) -> float:
+        """What `new` tokens of a sequence after `cached` ones add to a step."""
+        c = self._coefficients
+        return c.per_token * new + c.per_context * (cached + new) + c.per_pair * attention_pairs(cached, new)
+
+    def tokens_within(self, seconds: float, cached: int) -> int:
+        """The most new tokens after `cached` ones whose `chunk_seconds` fit in `seconds`."""
+        c = self._coefficients
+        # per_pair/2 · n² + (per_token + per_context + per_pair · (cached + 1/2)) · n + per_context · cached ≤ seconds
+        a, b = c.per_pair / 2, c.per_token + c.per_context + c.per_pair * (cached + 0.5)
+        room = seconds - c.per_context * cached
+        if room <= 0:
+            return 0
+        n = room / b if a == 0 else (math.sqrt(b * b + 4 * a * room) - b) / (2 * a)
+        return int(n + 1e-9)
 
     def observe(self, shape: StepShape, seconds: float, profile: bool = False) -> None:
         """A measured step; `profile` steps keep their weight for good (the first one replaces the prior)."""
@@ -85,10 +135,10 @@ class StepCostModel:
         (self._fixed if profile else self._online).add(shape, seconds)
         self._coefficients = self._solve()
 
-    def _solve(self) -> tuple[float, float, float]:
+    def _solve(self) -> Coefficients:
         """Non-negative least squares (a step never gets cheaper with more work, and noise must not make
         drafts look free): the best fit over the subsets of terms whose coefficients all come out
-        non-negative, the rest held at zero. With three terms that is seven small solves."""
+        non-negative, the rest held at zero. With four terms that is fifteen small solves."""
         xtx = [[f + o + (self._ridge if i == j else 0.0) for j, (f, o) in enumerate(zip(fr, orow))]
                for i, (fr, orow) in enumerate(zip(self._fixed.xtx, self._online.xtx))]
         xty = [f + o for f, o in zip(self._fixed.xty, self._online.xty)]
@@ -106,28 +156,28 @@ class StepCostModel:
                     - 2 * sum(c * y for c, y in zip(coefficients, xty))
                 if error < best_error:
                     best, best_error = coefficients, error
-        fixed, per_token, per_context = best
-        return fixed, max(per_token, 1e-7), per_context
+        fixed, per_token, per_context, per_pair = best
+        return Coefficients(fixed, max(per_token, 1e-7), per_context, per_pair)
 
     def profile(self, runner: ModelRunner) -> None:
-        """A few forwards of throwaway sequences at start: steps of 1 to 32 new tokens on one short
+        """A few forwards of throwaway sequences at start: steps of 1 to 64 new tokens on one short
         sequence, eight short ones and eight long ones, sized to the KV cache. Batches of eight measure the
-        length term as a batch pays it (one sequence alone uses the threads less well). Run on the
-        compute thread."""
+        length term as a batch pays it (one sequence alone uses the threads less well); 1 to 64 new tokens
+        on the same lengths tell the lengths' term from the pairs'. Run on the compute thread."""
         allocator = runner.allocator
         for num_seqs, longest in ((1, 16), (8, 32), (8, 256)):
-            # Each sequence's prompt plus 32 new tokens, a block to spare, must fit the cache.
-            context = min(longest, allocator.num_blocks // num_seqs * allocator.block_size - 32 - allocator.block_size)
+            # Each sequence's prompt plus the most new tokens, a block to spare, must fit the cache.
+            room = allocator.num_blocks // num_seqs * allocator.block_size - allocator.block_size
+            context = min(longest, room - PROFILE_NEW_TOKENS[-1])
             if context < 1:
                 continue
             ids = [f"cost-profile-{i}" for i in range(num_seqs)]
             try:
                 prompts = [SequenceInput(i, [1] * context, 0, 1) for i in ids]
                 runner.forward(prompts)  # not observed: a prompt's attention grows with its square
-                for new in (1, 4, 16, 32):
+                for new in PROFILE_NEW_TOKENS:
                     steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
-                    self.observe(StepShape(num_seqs * new, num_seqs * (context + new)), _timed(runner, steps),
-                                 profile=True)
+                    self.observe(StepShape.of([(context, new)] * num_seqs), _timed(runner, steps), profile=True)
                     for i in ids:
                         allocator.truncate(i, context)
             finally:

@@ -42,16 +42,27 @@ log = logging.getLogger(__name__)
 ADMISSION_WATERMARK = 0.01
 # Prompt chunks beside decodes may make a step this many times its decoding part (a plain decoding step
 # of its sequences by the cost model, plus the draft tokens recent steps verified and the drafters'
-# round trip: speculation must not slow admission), but a step always prefills at least
-# MIN_PREFILL_CHUNK tokens: the inter-token latency of running streams stays within a small multiple
-# of a decoding step while prompts keep arriving...
+# round trip: speculation must not slow admission), priced by the cost model (a chunk deep in a long
+# prompt costs more per token), but a step always prefills at least MIN_PREFILL_CHUNK tokens: the
+# inter-token latency of running streams stays within a small multiple of a decoding step while
+# prompts keep arriving...
 PREFILL_STRETCH = 3.0
-MIN_PREFILL_CHUNK = 32
-# ...unless prompt tokens arrive faster than that: then each step carries PREFILL_PACE times their mean
-# arrival per step (over about RECENT_STEPS steps), so that under a sustained load every step carries
-# a like share of prompts (steps stay alike, and so does the latency) and the queue drains.
+MIN_PREFILL_CHUNK = 16
+# ...unless prompt work arrives faster than that: then each step carries PREFILL_PACE times the prefill
+# seconds arriving per step (a mean over about RECENT_STEPS steps), so that under a sustained load every
+# step carries a like share of prompts (steps stay alike, and so does the latency) and the queue drains;
+# but never more than PACED_STRETCH times the decoding part: one long prompt is a burst, not a load,
+# and must not slow every stream for many steps.
 PREFILL_PACE = 1.25
+PACED_STRETCH = 5.0
 RECENT_STEPS = 64
+
+
+@dataclass
+class _PrefillBudget:
+    """What prompt chunks may still add to a step: tokens, and seconds by the cost model."""
+    tokens: int
+    seconds: float
 
 
 @dataclass
@@ -104,12 +115,12 @@ class Scheduler:
         self._running: list[Sequence] = []  # in admission order: the newest last, preempted first
         self._wake = asyncio.Event()
         self._compute_thread = compute_thread
-        self._prompt_arrivals = 0.0  # prompt tokens submitted per step, a moving mean over ~RECENT_STEPS
-        self._draft_tokens = 0.0  # draft tokens verified per step, a moving mean likewise
+        self._prompt_arrivals = 0.0  # prefill seconds submitted per step, a moving mean over ~RECENT_STEPS
+        self._draft_seconds = 0.0  # seconds of the draft tokens a step verified, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
         self._step_seconds = 0.0  # seconds of a step's forward and verification, a moving mean likewise
         self._gate = DraftingGate()
-        self._arrived = 0  # prompt tokens submitted since the last step
+        self._arrived = 0.0  # prefill seconds submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
 
     # -- requests -------------------------------------------------------------
@@ -124,7 +135,7 @@ class Scheduler:
             raise ResourceExhausted(f"the server is at capacity: {len(self._waiting)} requests are waiting "
                                     f"(--max-waiting {self._max_waiting}); retry later")
         self._waiting.append(seq)
-        self._arrived += len(seq.prompt)
+        self._arrived += self._cost.chunk_seconds(0, len(seq.prompt))
         self._metrics.requests_waiting.set(len(self._waiting))
         self._wake.set()
 
@@ -150,7 +161,7 @@ class Scheduler:
     async def step(self) -> None:
         self._drop_aborted()
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
-        self._arrived = 0
+        self._arrived = 0.0
         decodes = [s for s in self._running if not s.in_prefill]
         wanted = [(s, k) for s in decodes if self._drafters.serves(s) and (k := s.draft_budget()) > 0]
         wanting = [s for s, _ in wanted]
@@ -185,7 +196,7 @@ class Scheduler:
                 realized += (1 + outcome.num_accepted) * item.is_decode
                 self._commit(item.seq, item.draft, outcome)
         self._metrics.realized_step_tokens.inc(realized)
-        for term, seconds in zip(("fixed", "per_token", "per_context_token"), self._cost.coefficients):
+        for term, seconds in self._cost.coefficients._asdict().items():
             self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
 
@@ -204,47 +215,47 @@ class Scheduler:
         return decoding + prefilling
 
     def _plan_prefills(self, decoding: list[Scheduled]) -> list[Scheduled]:
-        budget = min(self._max_step_tokens - sum(1 + len(item.draft) for item in decoding),
-                     self._prefill_allowance(decoding))
+        budget = _PrefillBudget(self._max_step_tokens - sum(1 + len(item.draft) for item in decoding),
+                                self._prefill_seconds(decoding))
         free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
         prefilling: list[Scheduled] = []
         for seq in [s for s in self._running if s.in_prefill]:
-            item = self._chunk(seq, budget, free)
+            item = self._chunk(seq, budget, free, first=not prefilling)
             if item is None:  # the budget or the memory is spent: later prompts, new ones too, wait their turn
                 return prefilling
             prefilling.append(item)
-            budget, free = budget - item.num_new, free - self._new_blocks(item)
+            free -= self._new_blocks(item)
         watermark = math.ceil(ADMISSION_WATERMARK * self._runner.allocator.num_blocks)
         while self._waiting and len(self._running) < self._max_num_seqs:
-            item = self._chunk(self._waiting[0], budget, free - watermark)
+            item = self._chunk(self._waiting[0], budget, free - watermark, first=not prefilling)
             if item is None:
                 break
             self._admit(self._waiting.popleft())
             prefilling.append(item)
-            budget, free = budget - item.num_new, free - self._new_blocks(item)
+            free -= self._new_blocks(item)
         return prefilling
 
-    def _prefill_allowance(self, decoding: list[Scheduled]) -> int:
-        """Prompt tokens a step may carry beside its decodes: as many as would keep the step within
-        PREFILL_STRETCH times its decoding part by the cost model (at least MIN_PREFILL_CHUNK), so that
-        prompts arriving under load never stall the streams, or, if prompts arrive faster,
-        PREFILL_PACE times their pace. All the budget when nothing decodes."""
+    def _prefill_seconds(self, decoding: list[Scheduled]) -> float:
+        """Seconds of prompt work a step may carry beside its decodes: PREFILL_STRETCH - 1 times its
+        decoding part by the cost model, so that prompts arriving under load never stall the streams,
+        or, if prompt work arrives faster, PREFILL_PACE times its pace up to PACED_STRETCH - 1 times.
+        No limit when nothing decodes."""
         if not decoding:
-            return self._max_step_tokens
-        _, per_token, _ = self._cost.coefficients
-        plain = StepShape(len(decoding), sum(item.seq.num_computed + 1 for item in decoding))
-        decoding_part = self._cost.predict(plain) + per_token * self._draft_tokens + self._round_trip
-        return max(MIN_PREFILL_CHUNK, int((PREFILL_STRETCH - 1) * decoding_part / per_token),
-                   int(PREFILL_PACE * self._prompt_arrivals))
+            return math.inf
+        plain = StepShape.of((item.seq.num_computed, 1) for item in decoding)
+        decoding_part = self._cost.predict(plain) + self._draft_seconds + self._round_trip
+        paced = min(PREFILL_PACE * self._prompt_arrivals, (PACED_STRETCH - 1) * decoding_part)
+        return max((PREFILL_STRETCH - 1) * decoding_part, paced)
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs."""
-        base = StepShape(len(decoding) + sum(item.num_new for item in prefilling),
-                         sum(item.seq.num_computed + 1 for item in decoding) + sum(item.end for item in prefilling))
-        choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding], base, self._cost)
+        base = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
+                            + [(item.seq.num_computed, item.num_new) for item in prefilling])
+        choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding],
+                               [item.seq.num_computed for item in decoding], base, self._cost)
         for item, length in zip(decoding, choice.lengths):
             item.draft, item.probs = item.draft[:length], item.probs[:length]
-        self._draft_tokens = _moved(self._draft_tokens, sum(choice.lengths))
+        self._draft_seconds = _moved(self._draft_seconds, choice.seconds - self._cost.predict(base))
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
         self._metrics.predicted_step_seconds.inc(choice.seconds)
@@ -266,12 +277,21 @@ class Scheduler:
             decoding = [item for item in decoding if item.seq is not victim]
         return decoding
 
-    def _chunk(self, seq: Sequence, budget: int, free_blocks: int) -> Scheduled | None:
-        """The next piece of `seq`'s prefill that fits the budget and the free blocks, or None."""
+    def _chunk(self, seq: Sequence, budget: _PrefillBudget, free_blocks: int, first: bool) -> Scheduled | None:
+        """The next piece of `seq`'s prefill that fits the budget (taken from it; the step's first
+        piece gets at least MIN_PREFILL_CHUNK tokens) and the free blocks, or None."""
         allocator = self._runner.allocator
         room = (len(allocator.block_table(seq.request_id)) + free_blocks) * allocator.block_size - seq.num_computed
-        num_new = min(seq.prefill_target - seq.num_computed, budget, room)
-        return Scheduled(seq, num_new=num_new) if num_new > 0 else None
+        affordable = self._cost.tokens_within(budget.seconds, seq.num_computed) if budget.seconds < math.inf \
+            else budget.tokens
+        if first:
+            affordable = max(affordable, MIN_PREFILL_CHUNK)
+        num_new = min(seq.prefill_target - seq.num_computed, budget.tokens, affordable, room)
+        if num_new <= 0:
+            return None
+        budget.tokens -= num_new
+        budget.seconds -= self._cost.chunk_seconds(seq.num_computed, num_new)
+        return Scheduled(seq, num_new=num_new)
 
     def _new_blocks(self, item: Scheduled) -> int:
         return self._runner.allocator.blocks_needed(item.seq.request_id, item.end)
@@ -298,8 +318,7 @@ class Scheduler:
         """One forward pass over the whole batch, then verification of the rows that have logits."""
         started = time.perf_counter()
         inputs = [item.input() for item in plan]
-        shape = StepShape(sum(len(i.token_ids) for i in inputs),
-                          sum(i.start_position + len(i.token_ids) for i in inputs))
+        shape = StepShape.of((i.start_position, len(i.token_ids)) for i in inputs)
         logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
         results = iter(verify(logits, [VerifyInput(i.seq.sampling, i.seq.tokens, i.draft, i.seq.generator)

@@ -64,9 +64,10 @@ class TargetService(Service):
         cost_model = StepCostModel()
         started = time.perf_counter()
         self.compute_thread.submit(cost_model.profile, self.runner).result()
-        fixed, per_token, per_context = cost_model.coefficients
-        log.info("step cost (%.1f s profile): %.2f ms + %.3f ms per new token + %.5f ms per token of sequence length",
-                 time.perf_counter() - started, fixed * 1e3, per_token * 1e3, per_context * 1e3)
+        c = cost_model.coefficients
+        log.info("step cost (%.1f s profile): %.2f ms + %.3f ms per new token + %.5f ms per token of sequence length "
+                 "+ %.6f ms per query-key pair", time.perf_counter() - started, c.fixed * 1e3, c.per_token * 1e3,
+                 c.per_context * 1e3, c.per_pair * 1e3)
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,

@@ -497,21 +497,32 @@ class TileAttention {
 };
 
 std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t workers) {
-  int64_t query_tiles = 0;
+  int64_t query_tiles = 0, total_cost = 0;
   for (int64_t b = 0; b < num_seqs; ++b) {
-    query_tiles += (p.query_start[b + 1] - p.query_start[b] + kQueryTile - 1) / kQueryTile;
+    const int64_t queries = p.query_start[b + 1] - p.query_start[b];
+    query_tiles += (queries + kQueryTile - 1) / kQueryTile;
+    total_cost += (p.context_start[b] + queries) * queries;
   }
   // Every KV head of a sequence in one tile reads each cached position's K/V rows whole, in order;
-  // one KV head per tile only where there would be too few tiles to keep the threads busy.
+  // one KV head per tile only where there would be too few tiles to keep the threads busy...
   const int64_t heads_per_tile = query_tiles >= 4 * workers ? p.num_kv_heads : 1;
   std::vector<Tile> tiles;
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t first = p.query_start[b], last = p.query_start[b + 1];
-    for (int64_t q = first; q < last; q += kQueryTile) {
-      const int64_t end = std::min(q + kQueryTile, last);
+    // ...or where one sequence holds much of the work in few tiles (a short prompt chunk deep in a long
+    // prompt, beside decodes): its queries go in tiles of one KV head, small enough to give every
+    // thread a few.
+    const bool heavy = (p.context_start[b] + last - first) * (last - first) * 2 * workers > total_cost &&
+                       (last - first + kQueryTile - 1) / kQueryTile < 2 * workers;
+    const int64_t seq_heads_per_tile = heavy ? 1 : heads_per_tile;
+    const int64_t query_tile = heavy ? std::clamp<int64_t>((last - first) * p.num_kv_heads / (4 * workers),
+                                                           kRowGroup, kQueryTile)
+                                     : kQueryTile;
+    for (int64_t q = first; q < last; q += query_tile) {
+      const int64_t end = std::min(q + query_tile, last);
       const int64_t keys = p.context_start[b] + (p.tree_offsets[b] < 0 ? end - first : last - first);
-      for (int64_t h = 0; h < p.num_kv_heads; h += heads_per_tile) {
-        const int64_t heads_end = std::min(h + heads_per_tile, p.num_kv_heads);
+      for (int64_t h = 0; h < p.num_kv_heads; h += seq_heads_per_tile) {
+        const int64_t heads_end = std::min(h + seq_heads_per_tile, p.num_kv_heads);
         tiles.push_back({b, h, heads_end, q, end, keys * (end - q) * (heads_end - h)});
       }
     }

@@ -1,11 +1,13 @@
 """How much of each draft a step verifies: the draft tokens that raise the batch's goodput.
 
 A draft token is worth its reach: the chance that it and every draft token before it are accepted,
-the product of the drafter's per-token estimates p_1·p_2·…·p_i. A step that verifies draft tokens
-with reaches r yields (decodes + Σ r) tokens in cost(tokens) seconds (`StepCostModel`). The target
-adds the candidate tokens in order of falling reach (a prefix of each draft, since reach only falls
-along a draft) and keeps the count that maximises tokens per second: with many sequences in the
-batch a draft token must carry more of a token to pay for itself, and at high load none does.
+the product of the drafter's per-token estimates p_1·p_2·…·p_i, and costs what it adds to the step
+(`StepCostModel.token_seconds`: more in a long sequence, whose keys it attends over). A step that
+verifies draft tokens with reaches r yields (decodes + Σ r) tokens in (base + Σ cost) seconds. The
+target adds the candidate tokens in order of falling reach per second (a prefix of each draft, since
+along a draft reach only falls and cost only rises) and keeps the count that maximises tokens per
+second: with many sequences in the batch a draft token must carry more of a token to pay for itself,
+and at high load none does.
 """
 from __future__ import annotations
 
@@ -21,26 +23,27 @@ class DraftChoice:
     seconds: float  # the step's predicted cost
 
 
-def choose_drafts(candidates: list[list[float]], base: StepShape, cost: StepCostModel) -> DraftChoice:
+def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepShape,
+                  cost: StepCostModel) -> DraftChoice:
     """Per candidate draft (one per decoding sequence, as its tokens' acceptance estimates; empty for
     none), how many of its tokens to verify in a step whose other work is `base` (the decodes' newest
-    tokens, prompt chunks)."""
-    reaches = []  # (reach, candidate, position)
-    for index, probs in enumerate(candidates):
+    tokens, prompt chunks). `cached`: each candidate's sequence's cached tokens before the step (its
+    newest token goes at that position, the draft after it)."""
+    tokens = []  # (reach, seconds, candidate, position in the draft)
+    for index, (probs, start) in enumerate(zip(candidates, cached)):
         reach = 1.0
         for position, prob in enumerate(probs):
             reach *= prob
-            reaches.append((reach, index, position))
-    reaches.sort(key=lambda r: -r[0])  # stable: equal reaches keep draft order, so each draft stays a prefix
-    base_seconds, per_token = cost.predict(base), cost.coefficients[1]  # the cost is linear in the tokens
-    expected = float(len(candidates))
-    best_count, best_value, best_expected = 0, expected / base_seconds, expected
-    for count, (reach, _, _) in enumerate(reaches, start=1):
-        expected += reach
-        value = expected / (base_seconds + per_token * count)
-        if value > best_value:
-            best_count, best_value, best_expected = count, value, expected
+            tokens.append((reach, cost.token_seconds(start + 1 + position), index, position))
+    tokens.sort(key=lambda t: -t[0] / t[1])  # stable: equal ratios keep draft order, so each draft stays a prefix
+    base_seconds = cost.predict(base)
+    expected, seconds = float(len(candidates)), base_seconds
+    best_count, best_value, best_expected, best_seconds = 0, expected / seconds, expected, seconds
+    for count, (reach, token_seconds, _, _) in enumerate(tokens, start=1):
+        expected, seconds = expected + reach, seconds + token_seconds
+        if expected / seconds > best_value:
+            best_count, best_value, best_expected, best_seconds = count, expected / seconds, expected, seconds
     lengths = [0] * len(candidates)
-    for _, index, position in reaches[:best_count]:
+    for _, _, index, position in tokens[:best_count]:
         lengths[index] = max(lengths[index], position + 1)
-    return DraftChoice(lengths, best_expected, base_seconds + per_token * best_count)
+    return DraftChoice(lengths, best_expected, best_seconds)

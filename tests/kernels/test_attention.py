@@ -95,6 +95,19 @@ def test_a_query_gets_the_same_bits_whatever_else_is_in_the_batch(dtype):
 
 
 @compiled
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_prompt_chunk_gets_the_same_bits_split_in_small_tiles_alone_or_whole_in_a_crowd(dtype):
+    """Alone, a 16-token chunk deep in a prompt is most of the work: the kernel splits its queries into
+    small one-KV-head tiles to keep every thread busy. Among many chunks it is one tile of its own."""
+    crowd = random_attention_batch([16] + [40] * 12, [1000] * 13, dtype=dtype, seed=3)
+    alone = random_attention_batch([16], [1000], dtype=dtype, seed=3)
+    alone.key_cache, alone.value_cache = crowd.key_cache, crowd.value_cache
+    alone.block_tables = crowd.block_tables[:1]
+    alone.query = crowd.query[:16]
+    assert torch.equal(cpu.paged_attention(*alone.args()), cpu.paged_attention(*crowd.args())[:16])
+
+
+@compiled
 def test_dispatch_runs_cpu_tensors_on_the_compiled_kernel_unless_told_otherwise(monkeypatch):
     batch = random_attention_batch([3, 1], [4, 20], dtype=torch.bfloat16)
     monkeypatch.delenv("SPECD_KERNELS", raising=False)

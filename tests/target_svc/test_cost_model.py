@@ -1,35 +1,61 @@
 """The step cost model: fitted to what steps measured, at start-up and online."""
 import pytest
 
-from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.cost_model import StepCostModel, StepShape, attention_pairs
 from target_svc.engine.runner import ModelRunner
+
+
+def one(cached: int, new: int) -> StepShape:
+    """A step of one sequence: `new` tokens after `cached` ones."""
+    return StepShape.of([(cached, new)])
+
+
+def test_a_step_is_shaped_by_its_new_tokens_the_lengths_they_reach_and_their_query_key_pairs():
+    shape = StepShape.of([(100, 1), (0, 4)])  # a decode at 100 tokens; a 4-token prompt
+    assert shape == StepShape(tokens=5, context=101 + 4, pairs=101 + (1 + 2 + 3 + 4))
+    assert attention_pairs(10, 3) == 11 + 12 + 13
 
 
 def test_it_recovers_a_linear_cost_from_measured_steps():
     model = StepCostModel()
-    for tokens, context in [(1, 0), (32, 0), (1, 4000), (256, 1000), (8, 8000)]:
-        model.observe(StepShape(tokens, context), 0.01 + 0.0004 * tokens + 0.000002 * context, profile=True)
-    assert model.coefficients == pytest.approx((0.01, 0.0004, 0.000002), rel=1e-3)
-    assert model.predict(StepShape(10, 500)) == pytest.approx(0.01 + 0.004 + 0.001, rel=1e-3)
+    truth = (0.01, 0.0004, 0.000002, 0.0000003)
+    for cached, new in [(0, 1), (0, 32), (4000, 1), (1000, 256), (8000, 8), (2000, 64)]:
+        shape = one(cached, new)
+        model.observe(shape, sum(c * x for c, x in zip(truth, shape.features())), profile=True)
+    assert model.coefficients == pytest.approx(truth, rel=1e-3)
+    shape = one(490, 10)
+    assert model.predict(shape) == pytest.approx(0.01 + 0.004 + 0.001 + 0.0000003 * shape.pairs, rel=1e-3)
+
+
+def test_a_chunk_deep_in_a_prompt_costs_more_and_fits_fewer_tokens_in_the_same_seconds():
+    model = StepCostModel()
+    for cached, new in [(0, 1), (0, 64), (4000, 1), (4000, 64), (100, 16), (2000, 32)]:
+        shape = one(cached, new)
+        model.observe(shape, 0.01 + 0.001 * shape.tokens + 0.000001 * shape.pairs, profile=True)
+    assert model.chunk_seconds(4000, 32) > 4 * model.chunk_seconds(0, 32)
+    shallow, deep = model.tokens_within(0.1, 0), model.tokens_within(0.1, 4000)
+    assert shallow > 4 * deep > 0
+    for cached, fitted in [(0, shallow), (4000, deep)]:  # the most that fit: one more does not
+        assert model.chunk_seconds(cached, fitted) <= 0.1 < model.chunk_seconds(cached, fitted + 1)
+    assert model.tokens_within(0.0, 0) == 0
 
 
 def test_recent_steps_outweigh_the_profile_when_the_machine_changes():
     model = StepCostModel()
     for tokens in (1, 16, 64):
         for context in (0, 2000):
-            model.observe(StepShape(tokens, context), 0.01 + 0.001 * tokens, profile=True)
+            model.observe(one(context, tokens), 0.01 + 0.001 * tokens, profile=True)
     for _ in range(300):  # the same steps now take twice as long (say, a neighbour took a core)
         for tokens in (1, 16, 64):
-            model.observe(StepShape(tokens, 1000), 2 * (0.01 + 0.001 * tokens))
-    assert model.predict(StepShape(16, 1000)) == pytest.approx(2 * 0.026, rel=0.1)
+            model.observe(one(1000, tokens), 2 * (0.01 + 0.001 * tokens))
+    assert model.predict(one(1000, 16)) == pytest.approx(2 * 0.026, rel=0.1)
 
 
 def test_costs_never_come_out_negative():
     model = StepCostModel()
-    model.observe(StepShape(1, 0), 0.02, profile=True)
-    model.observe(StepShape(64, 0), 0.01, profile=True)  # noise: more tokens measured faster
-    fixed, per_token, per_context = model.coefficients
-    assert fixed >= 0 and per_token > 0 and per_context >= 0
+    model.observe(one(0, 1), 0.02, profile=True)
+    model.observe(one(0, 64), 0.01, profile=True)  # noise: more tokens measured faster
+    assert min(model.coefficients) >= 0 and model.coefficients.per_token > 0
 
 
 @pytest.mark.parametrize("kv_cache_tokens", [1024, 48])
@@ -38,14 +64,14 @@ def test_the_start_up_profile_measures_the_runner_and_gives_its_memory_back(tiny
     model = StepCostModel()
     model.profile(runner)
     assert runner.allocator.num_free_blocks == runner.allocator.num_blocks
-    assert model.predict(StepShape(64, 0)) > model.predict(StepShape(1, 0)) > 0
+    assert model.predict(one(0, 64)) > model.predict(one(0, 1)) > 0
 
 
 def test_a_term_the_data_pushes_below_zero_is_held_at_zero_and_the_others_refitted():
     model = StepCostModel()
     # Steps whose cost falls with length (noise): the best non-negative fit drops that term.
     for tokens, context, seconds in [(1, 10, 0.021), (1, 1000, 0.020), (32, 40, 0.030), (32, 1000, 0.029)]:
-        model.observe(StepShape(tokens, context), seconds, profile=True)
-    fixed, per_token, per_context = model.coefficients
-    assert per_context == 0
+        model.observe(StepShape(tokens, context, pairs=0), seconds, profile=True)
+    fixed, per_token, per_context, per_pair = model.coefficients
+    assert per_context == 0 and per_pair == 0
     assert fixed == pytest.approx(0.0205, abs=5e-4) and per_token == pytest.approx(0.0003, rel=0.05)

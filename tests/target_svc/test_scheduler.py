@@ -169,7 +169,7 @@ async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_
     cost = StepCostModel()  # measured: 20 ms a step plus 0.1 ms a token
     for tokens in (1, 64, 512):
         for context in (0, 1000):
-            cost.observe(StepShape(tokens, context), 0.020 + 0.0001 * tokens, profile=True)
+            cost.observe(StepShape.of([(context, tokens)]), 0.020 + 0.0001 * tokens, profile=True)
     long_prompt = prompt_of(2, 1000)
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=2048, cost_model=cost) as scheduler:
         scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
@@ -181,21 +181,70 @@ async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_
         assert metric(scheduler, "specd_prefill_chunks_total") == 2
 
 
+async def test_a_chunk_deep_in_a_prompt_is_priced_by_its_attention_so_the_pieces_shrink_as_it_goes_in(
+        tiny_model_dir):
+    cost = StepCostModel()  # measured: 20 ms a step, 0.1 ms a token and 1 µs a query-key pair
+    for cached in (0, 500, 2000):
+        for tokens in (1, 64, 512):
+            shape = StepShape.of([(cached, tokens)])
+            cost.observe(shape, 0.020 + 0.0001 * tokens + 0.000001 * shape.pairs, profile=True)
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=2048, cost_model=cost) as scheduler:
+        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
+        short = sequence("short", max_tokens=60)
+        scheduler.submit(short)
+        await short.outputs.get()
+        long = sequence("long", prompt_of(2, 1000), max_tokens=2)
+        scheduler.submit(long)
+        prefilled = [0]
+        while long.num_output == 0:
+            await short.outputs.get()
+            prefilled.append(long.num_computed if long.in_prefill else len(long.prompt))
+        pieces = [b - a for a, b in zip(prefilled, prefilled[1:]) if b > a][:-1]  # the last piece is the rest
+        # ~200 tokens fit in the first step's 40 ms of prompt work; after 200 tokens, 113; after 313, 87...
+        assert pieces == sorted(pieces, reverse=True) and pieces[0] > 2 * pieces[-1]
+        assert 190 <= pieces[0] <= 210
+
+
 async def test_prompts_arriving_faster_than_the_stretch_allows_are_prefilled_at_their_pace(tiny_model_dir):
-    cost = StepCostModel()  # 20 ms a step plus 10 ms a token: the stretch allows only the 32-token minimum
+    cost = StepCostModel()  # 20 ms a step plus 0.5 ms a token: the stretch allows ~82 prompt tokens a step
     for tokens in (1, 64, 512):
-        cost.observe(StepShape(tokens, 0), 0.020 + 0.010 * tokens, profile=True)
-    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=8192, cost_model=cost) as scheduler:
+        for context in (0, 1000):
+            cost.observe(StepShape.of([(context, tokens)]), 0.020 + 0.0005 * tokens, profile=True)
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=32768, cost_model=cost, max_step_tokens=1024) \
+            as scheduler:
         scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
         short = sequence("short", max_tokens=400)
         scheduler.submit(short)
         await short.outputs.get()
-        for i in range(120):  # 64 prompt tokens arrive every step: twice what the stretch alone would take
-            scheduler.submit(sequence(f"p{i}", prompt_of(i, 64), max_tokens=1))
+        for i in range(120):  # 128 prompt tokens arrive every step: more than the stretch alone would take
+            scheduler.submit(sequence(f"p{i}", prompt_of(i, 128), max_tokens=1))
             await short.outputs.get()
         backlog = sum(s.prefill_target - s.num_computed for s in (*scheduler._running, *scheduler._waiting))
-        # 32 tokens a step would leave 120 * 32 behind; the pace catches up with the arrivals instead
-        assert backlog < 120 * 32 * 2 / 3
+        # 82 tokens a step would leave 120 * 46 behind; the pace catches up with the arrivals instead
+        assert backlog < 120 * 46 * 2 / 3
+
+
+async def test_one_long_prompt_is_a_burst_not_a_load_its_pace_never_makes_a_step_five_decoding_steps(
+        tiny_model_dir):
+    cost = StepCostModel()  # 20 ms a step plus 4 ms a token
+    for tokens in (1, 64, 512):
+        for context in (0, 1000):
+            cost.observe(StepShape.of([(context, tokens)]), 0.020 + 0.004 * tokens, profile=True)
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=8192, cost_model=cost, max_step_tokens=4096) \
+            as scheduler:
+        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
+        short = sequence("short", max_tokens=200)
+        scheduler.submit(short)
+        await short.outputs.get()
+        long = sequence("long", prompt_of(3, 2000), max_tokens=1)
+        scheduler.submit(long)
+        prefilled = [0]
+        while long.num_output == 0:
+            await short.outputs.get()
+            prefilled.append(long.num_computed if long.in_prefill else len(long.prompt))
+        # A decoding step is 24 ms. The stretch alone allows 2 x 24 ms (12 tokens; 16 at least); the prompt's
+        # pace, 8 s of work over ~64 steps, would put 39 tokens in a step; its cap, 4 x 24 ms, puts 24.
+        assert 16 < max(b - a for a, b in zip(prefilled, prefilled[1:])) <= 24
 
 
 @pytest.mark.parametrize("speculate", [False, True], ids=["none", "drafts"])

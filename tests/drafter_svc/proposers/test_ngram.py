@@ -151,11 +151,11 @@ def test_estimates_fall_while_drafts_fail_and_recover_once_they_match():
 def test_the_estimates_give_the_draft_lengths_the_target_verifies():
     cost = StepCostModel()  # a draft token at 4% of a one-token step
     for tokens in (1, 8, 64):
-        cost.observe(StepShape(tokens, 0), 0.02 * (1 + 0.04 * (tokens - 1)), profile=True)
-        cost.observe(StepShape(tokens, 1000), 0.02 * (1 + 0.04 * (tokens - 1)), profile=True)
+        for cached in (0, 1000):
+            cost.observe(StepShape.of([(cached, tokens)]), 0.02 * (1 + 0.04 * (tokens - 1)), profile=True)
     history = AcceptanceHistory()
     lengths = []
     for _ in range(15):
-        lengths.append(choose_drafts([[estimated_acceptance(history, 3)] * 8], StepShape(1, 0), cost).lengths[0])
+        lengths.append(choose_drafts([[estimated_acceptance(history, 3)] * 8], [0], StepShape.of([(0, 1)]), cost).lengths[0])
         history.record(accepted=0, rejected=True)
     assert lengths[0] >= 2 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0

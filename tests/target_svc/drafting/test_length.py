@@ -10,16 +10,16 @@ def linear_cost(fixed: float, per_token: float) -> StepCostModel:
     model = StepCostModel()
     for tokens in (1, 8, 64, 512):
         for context in (0, 1000):
-            model.observe(StepShape(tokens, context), fixed + per_token * tokens, profile=True)
+            model.observe(StepShape.of([(context, tokens)]), fixed + per_token * tokens, profile=True)
     return model
 
 
 CHEAP = linear_cost(0.020, 0.0005)  # a draft token costs 2.5% of a one-token step
 
 
-def lengths(candidates, decodes_base=None, cost=CHEAP):
-    base = StepShape(decodes_base if decodes_base is not None else len(candidates), 0)
-    return choose_drafts(candidates, base, cost).lengths
+def lengths(candidates, cost=CHEAP, cached=None):
+    cached = cached or [0] * len(candidates)
+    return choose_drafts(candidates, cached, StepShape.of((c, 1) for c in cached), cost).lengths
 
 
 def test_alone_a_draft_is_verified_while_its_tokens_carry_more_than_they_cost():
@@ -45,8 +45,19 @@ def test_never_more_than_the_draft(acceptance, k):
     assert 0 <= lengths([[acceptance] * k])[0] <= k
 
 
+def test_a_draft_token_of_a_long_sequence_costs_more_so_it_must_be_likelier():
+    cost = StepCostModel()  # each query-key pair of attention costs as much as 1/2000 of a new token
+    for cached in (0, 1000, 4000):
+        for tokens in (1, 8, 64):
+            shape = StepShape.of([(cached, tokens)])
+            cost.observe(shape, 0.020 + 0.0005 * tokens + 0.00000025 * shape.pairs, profile=True)
+    same_drafts = [[0.5] * 8, [0.5] * 8]
+    short, long = lengths(same_drafts, cost, cached=[10, 8000])
+    assert short > long
+
+
 def test_the_choice_says_what_it_expects():
-    choice = choose_drafts([[1.0, 1.0], []], StepShape(2, 0), CHEAP)
+    choice = choose_drafts([[1.0, 1.0], []], [0, 0], StepShape.of([(0, 1), (0, 1)]), CHEAP)
     assert choice.lengths == [2, 0]
     assert choice.expected_tokens == pytest.approx(4.0)
     assert choice.seconds == pytest.approx(0.020 + 0.0005 * 4)
