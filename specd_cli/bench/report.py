@@ -68,14 +68,15 @@ def spec_report(summaries: list[SpecSummary], references: list[str], header_line
 
 def serve_report(summaries: list[ServeSummary], header_line: str) -> str:
     header = ["system", "concurrency", "req", "failed", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p95 ms",
-              "TTFT p99 ms", "ITL p50 ms", "ITL p95 ms", "ITL p99 ms", "E2E p50 s"]
+              "TTFT p99 ms", "ITL p50 ms", "ITL p95 ms", "ITL p99 ms", "gap p50 ms", "gap p99 ms", "E2E p50 s"]
     rows = [[label(s.system), str(s.concurrency), str(s.requests), str(s.failed), fmt(s.request_throughput, 2),
              fmt(s.output_tokens_per_s), ms(s.ttft_s["p50"]), ms(s.ttft_s["p95"]), ms(s.ttft_s["p99"]),
-             ms(s.itl_s["p50"]), ms(s.itl_s["p95"]), ms(s.itl_s["p99"]), fmt(s.e2e_s["p50"], 2)]
+             ms(s.itl_s["p50"]), ms(s.itl_s["p95"]), ms(s.itl_s["p99"]), ms(s.gap_s["p50"]), ms(s.gap_s["p99"]),
+             fmt(s.e2e_s["p50"], 2)]
             for s in summaries]
     return "\n".join([header_line, "", markdown_table(header, rows), "",
                       "req/s and out tok/s: over the run's wall time (first sent -> last finished); "
-                      "TTFT, ITL as in `specd bench spec`."])
+                      "TTFT, ITL as in `specd bench spec`; gap: seconds between a stream's chunks."])
 
 
 def header_line(kind: str, created: str, machine: dict, git: dict, settings: dict) -> str:

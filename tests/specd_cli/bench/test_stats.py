@@ -3,8 +3,8 @@ import pytest
 
 from specd_cli.bench.records import RequestRecord
 from specd_cli.bench.stats import (OVERALL, acceptance_length, acceptance_rate, greedy_matches, greedy_mismatches,
-                               inter_token_latencies, percentile, prompt_length_mismatches, summarize_serve_run,
-                               summarize_spec, tokens_per_second, ttft_s)
+                               inter_token_latencies, percentile, prompt_length_mismatches, stream_gaps,
+                               summarize_serve_run, summarize_spec, tokens_per_second, ttft_s)
 
 
 def record(system="none", prompt_id="1", category="writing", temperature=0.0, tokens=(5, 6, 7), chunks=None,
@@ -31,6 +31,11 @@ def test_ttft_is_the_first_chunk_that_carried_a_token():
 def test_a_chunk_of_n_tokens_gives_n_inter_token_gaps_of_a_nth_of_its_interval():
     r = record(tokens=[1, 2, 3, 4, 5], chunks=[(1.0, 1), (1.1, 1), (1.5, 3)])
     assert inter_token_latencies(r) == pytest.approx([0.1, 0.4 / 3, 0.4 / 3, 0.4 / 3])
+
+
+def test_a_stream_gap_is_one_sample_per_chunk_however_many_tokens_it_carries():
+    r = record(tokens=[1, 2, 3, 4, 5], chunks=[(1.0, 1), (1.1, 1), (1.5, 3)])
+    assert stream_gaps(r) == pytest.approx([0.1, 0.4])
 
 
 def test_tokens_per_second_weighs_requests_by_their_length():
