@@ -65,6 +65,9 @@ _PRIOR = [(StepShape.of([(0, 1)]), 0.020), (StepShape.of([(0, 65)]), 0.020 * (1 
 
 
 PROFILE_NEW_TOKENS = (1, 4, 16, 32, 64)
+# Each profile step is timed this many times and the fastest kept: a neighbour's burst on a shared
+# machine must not teach the model, for good, that drafts cost what decodes do.
+PROFILE_REPEATS = 3
 
 
 class _Moments:
@@ -177,16 +180,15 @@ class StepCostModel:
                 runner.forward(prompts)  # not observed: a prompt's attention grows with its square
                 for new in PROFILE_NEW_TOKENS:
                     steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
-                    self.observe(StepShape.of([(context, new)] * num_seqs), _timed(runner, steps), profile=True)
-                    for i in ids:
-                        allocator.truncate(i, context)
+                    seconds = min(_timed(runner, steps, ids, context) for _ in range(PROFILE_REPEATS))
+                    self.observe(StepShape.of([(context, new)] * num_seqs), seconds, profile=True)
             finally:
                 for i in ids:
                     allocator.free(i)
 
 
 def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """a x = b by Gaussian elimination with partial pivoting (n <= 3); None where a is singular."""
+    """a x = b by Gaussian elimination with partial pivoting (n <= 4); None where a is singular."""
     n = len(b)
     rows = [list(row) + [value] for row, value in zip(a, b)]
     for column in range(n):
@@ -203,7 +205,11 @@ def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
     return solution
 
 
-def _timed(runner: ModelRunner, batch: list[SequenceInput]) -> float:
+def _timed(runner: ModelRunner, batch: list[SequenceInput], ids: list[str], context: int) -> float:
+    """Seconds of one forward of `batch`, whose sequences are then cut back to `context` tokens."""
     started = time.perf_counter()
     runner.forward(batch)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    for i in ids:
+        runner.allocator.truncate(i, context)
+    return seconds

@@ -127,6 +127,8 @@ class LinearPlan:
             return self._choices[0](x, weight)  # one formulation for every row count
         if len(rows) == 1:
             return self(x, weight)
+        if not rows:  # no row wants logits: a step of prompt chunks with more to come
+            return x.new_empty(0, weight.shape[0])
         return torch.cat([self(x[r], weight) for r in rows])
 
     @classmethod

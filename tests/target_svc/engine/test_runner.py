@@ -278,6 +278,14 @@ def test_in_bf16_a_prompt_prefilled_in_pieces_gets_the_logits_it_gets_in_one_for
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_forward_of_prompt_chunks_with_more_to_come_returns_no_logits(tiny_model_dir, dtype):
+    """A long prompt arriving while nothing decodes: its first pieces want no logits."""
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=256, block_size=4, engine=EngineConfig(dtype=dtype))
+    logits = runner.forward([SequenceInput("s", tokens(40, 26), 0, 0)])
+    assert logits.shape == (0, runner.vocab_size)
+
+
 def test_the_runner_says_whether_its_logits_are_batch_invariant(tiny_model_dir, monkeypatch):
     bf16 = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4, engine=EngineConfig(dtype=torch.bfloat16))
     assert bf16.batch_invariant  # the packed bf16 matmul (or oneDNN's) keeps rows independent, the kernel too
