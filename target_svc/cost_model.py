@@ -141,10 +141,14 @@ class StepCostModel:
     def _solve(self) -> Coefficients:
         """Non-negative least squares (a step never gets cheaper with more work, and noise must not make
         drafts look free): the best fit over the subsets of terms whose coefficients all come out
-        non-negative, the rest held at zero. With four terms that is fifteen small solves."""
+        non-negative, the rest held at zero (fifteen small solves with four terms). It runs after every
+        step, so the unconstrained fit, the answer whenever it is non-negative, goes first."""
         xtx = [[f + o + (self._ridge if i == j else 0.0) for j, (f, o) in enumerate(zip(fr, orow))]
                for i, (fr, orow) in enumerate(zip(self._fixed.xtx, self._online.xtx))]
         xty = [f + o for f, o in zip(self._fixed.xty, self._online.xty)]
+        unconstrained = _solve_linear(xtx, xty)
+        if unconstrained is not None and min(unconstrained) >= 0:
+            return _coefficients(unconstrained)
         best, best_error = [0.0] * TERMS, float("inf")
         for size in range(1, TERMS + 1):
             for terms in itertools.combinations(range(TERMS), size):
@@ -159,8 +163,7 @@ class StepCostModel:
                     - 2 * sum(c * y for c, y in zip(coefficients, xty))
                 if error < best_error:
                     best, best_error = coefficients, error
-        fixed, per_token, per_context, per_pair = best
-        return Coefficients(fixed, max(per_token, 1e-7), per_context, per_pair)
+        return _coefficients(best)
 
     def profile(self, runner: ModelRunner) -> None:
         """A few forwards of throwaway sequences at start: steps of 1 to 64 new tokens on one short
@@ -185,6 +188,12 @@ class StepCostModel:
             finally:
                 for i in ids:
                     allocator.free(i)
+
+
+def _coefficients(fitted: list[float]) -> Coefficients:
+    """The fit as named terms; a new token is never quite free (the draft choice divides by its cost)."""
+    fixed, per_token, per_context, per_pair = fitted
+    return Coefficients(fixed, max(per_token, 1e-7), per_context, per_pair)
 
 
 def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -119,7 +119,7 @@ class Scheduler:
         self._prompt_arrivals = 0.0  # prefill seconds submitted per step, a moving mean over ~RECENT_STEPS
         self._draft_seconds = 0.0  # seconds of the draft tokens a step verified, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
-        self._step_seconds = 0.0  # seconds of a step's forward and verification, a moving mean likewise
+        self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
         self._gate = DraftingGate()
         self._arrived = 0.0  # prefill seconds submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
@@ -179,9 +179,7 @@ class Scheduler:
         plan = self._plan(decodes, {sid: d.first_path() for sid, d in drafts.items()})
         if not plan:
             return
-        started = time.perf_counter()
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
-        self._step_seconds = _moved(self._step_seconds, time.perf_counter() - started)
         if asking:  # each asked sequence that verified, with what its draft gained (None: it was offered none)
             asked_ids = {s.request_id for s in wanting}
             self._gate.asked(round_trip, [(item.seq, outcome.num_accepted if drafts.get(item.seq.request_id) else None)
@@ -256,7 +254,7 @@ class Scheduler:
                                [item.seq.num_computed for item in decoding], base, self._cost)
         for item, length in zip(decoding, choice.lengths):
             item.draft, item.probs = item.draft[:length], item.probs[:length]
-        self._draft_seconds = _moved(self._draft_seconds, choice.seconds - self._cost.predict(base))
+        self._draft_seconds = _moved(self._draft_seconds, choice.draft_seconds)
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
         self._metrics.predicted_step_seconds.inc(choice.seconds)
@@ -326,6 +324,7 @@ class Scheduler:
                                        for i in verified])) if verified else iter(())
         seconds = time.perf_counter() - started
         self._cost.observe(shape, seconds)
+        self._step_seconds = _moved(self._step_seconds, seconds)
         self._metrics.forward_time.observe(seconds)
         self._metrics.realized_step_seconds.inc(seconds)
         self._metrics.step_batch_size.observe(len(plan))

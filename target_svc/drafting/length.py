@@ -20,7 +20,13 @@ from target_svc.cost_model import StepCostModel, StepShape
 class DraftChoice:
     lengths: list[int]  # draft tokens kept per candidate, in order
     expected_tokens: float  # tokens the step is expected to yield for its decodes
-    seconds: float  # the step's predicted cost
+    base_seconds: float  # the step's predicted cost without drafts
+    draft_seconds: float  # what the kept draft tokens add to it
+
+    @property
+    def seconds(self) -> float:
+        """The step's predicted cost."""
+        return self.base_seconds + self.draft_seconds
 
 
 def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepShape,
@@ -46,4 +52,4 @@ def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepSh
     lengths = [0] * len(candidates)
     for _, _, index, position in tokens[:best_count]:
         lengths[index] = max(lengths[index], position + 1)
-    return DraftChoice(lengths, best_expected, best_seconds)
+    return DraftChoice(lengths, best_expected, base_seconds, best_seconds - base_seconds)

@@ -165,14 +165,31 @@ async def test_a_long_prompt_is_prefilled_in_chunks_after_the_decodes_and_gets_t
         assert short.num_output >= 40 // 8
 
 
+def measured_cost(seconds_of, lengths=(0, 1000)) -> StepCostModel:
+    """A cost model fitted to steps of one sequence (`lengths` cached tokens, 1 to 512 new ones) that took
+    `seconds_of(shape)`, and kept as it is: it learns nothing from the test's own steps."""
+    cost = StepCostModel()
+    for cached in lengths:
+        for tokens in (1, 64, 512):
+            shape = StepShape.of([(cached, tokens)])
+            cost.observe(shape, seconds_of(shape), profile=True)
+    cost.observe = lambda shape, seconds: None
+    return cost
+
+
+async def prefill_progress(short: Sequence, long: Sequence) -> list[int]:
+    """`long`'s prefilled tokens after each of `short`'s steps, from 0 until `long` has its first token."""
+    prefilled = [0]
+    while long.num_output == 0:
+        await short.outputs.get()
+        prefilled.append(long.num_computed if long.in_prefill else len(long.prompt))
+    return prefilled
+
+
 async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_five_plain_ones(tiny_model_dir):
-    cost = StepCostModel()  # measured: 20 ms a step plus 0.1 ms a token
-    for tokens in (1, 64, 512):
-        for context in (0, 1000):
-            cost.observe(StepShape.of([(context, tokens)]), 0.020 + 0.0001 * tokens, profile=True)
+    cost = measured_cost(lambda shape: 0.020 + 0.0001 * shape.tokens)  # 20 ms a step plus 0.1 ms a token
     long_prompt = prompt_of(2, 1000)
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=2048, cost_model=cost) as scheduler:
-        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
         short = sequence("short", max_tokens=40)
         scheduler.submit(short)
         await short.outputs.get()
@@ -183,22 +200,15 @@ async def test_beside_decodes_a_prompt_goes_in_pieces_that_keep_the_step_within_
 
 async def test_a_chunk_deep_in_a_prompt_is_priced_by_its_attention_so_the_pieces_shrink_as_it_goes_in(
         tiny_model_dir):
-    cost = StepCostModel()  # measured: 20 ms a step, 0.1 ms a token and 1 µs a query-key pair
-    for cached in (0, 500, 2000):
-        for tokens in (1, 64, 512):
-            shape = StepShape.of([(cached, tokens)])
-            cost.observe(shape, 0.020 + 0.0001 * tokens + 0.000001 * shape.pairs, profile=True)
+    # 20 ms a step, 0.1 ms a token and 1 µs a query-key pair
+    cost = measured_cost(lambda shape: 0.020 + 0.0001 * shape.tokens + 0.000001 * shape.pairs, (0, 500, 2000))
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=2048, cost_model=cost) as scheduler:
-        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
         short = sequence("short", max_tokens=60)
         scheduler.submit(short)
         await short.outputs.get()
         long = sequence("long", prompt_of(2, 1000), max_tokens=2)
         scheduler.submit(long)
-        prefilled = [0]
-        while long.num_output == 0:
-            await short.outputs.get()
-            prefilled.append(long.num_computed if long.in_prefill else len(long.prompt))
+        prefilled = await prefill_progress(short, long)
         pieces = [b - a for a, b in zip(prefilled, prefilled[1:]) if b > a][:-1]  # the last piece is the rest
         # ~313 tokens fit in the first step's 80 ms of prompt work; after 313 tokens, 162; after 475, 126...
         assert pieces == sorted(pieces, reverse=True) and pieces[0] > 2 * pieces[-1]
@@ -206,13 +216,10 @@ async def test_a_chunk_deep_in_a_prompt_is_priced_by_its_attention_so_the_pieces
 
 
 async def test_prompts_arriving_faster_than_the_stretch_allows_are_prefilled_at_their_pace(tiny_model_dir):
-    cost = StepCostModel()  # 20 ms a step plus 0.5 ms a token: the stretch allows ~164 prompt tokens a step
-    for tokens in (1, 64, 512):
-        for context in (0, 1000):
-            cost.observe(StepShape.of([(context, tokens)]), 0.020 + 0.0005 * tokens, profile=True)
+    # 20 ms a step plus 0.5 ms a token: the stretch allows ~164 prompt tokens a step
+    cost = measured_cost(lambda shape: 0.020 + 0.0005 * shape.tokens)
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=32768, cost_model=cost, max_step_tokens=1024) \
             as scheduler:
-        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
         short = sequence("short", max_tokens=400)
         scheduler.submit(short)
         await short.outputs.get()
@@ -226,22 +233,15 @@ async def test_prompts_arriving_faster_than_the_stretch_allows_are_prefilled_at_
 
 async def test_one_long_prompt_is_a_burst_not_a_load_its_pace_never_makes_a_step_eight_decoding_steps(
         tiny_model_dir):
-    cost = StepCostModel()  # 20 ms a step plus 8 ms a token
-    for tokens in (1, 64, 512):
-        for context in (0, 1000):
-            cost.observe(StepShape.of([(context, tokens)]), 0.020 + 0.008 * tokens, profile=True)
+    cost = measured_cost(lambda shape: 0.020 + 0.008 * shape.tokens)  # 20 ms a step plus 8 ms a token
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=8192, cost_model=cost, max_step_tokens=4096) \
             as scheduler:
-        scheduler._cost.observe = lambda shape, seconds: None  # keep the measured model for this test
         short = sequence("short", max_tokens=200)
         scheduler.submit(short)
         await short.outputs.get()
         long = sequence("long", prompt_of(3, 2000), max_tokens=1)
         scheduler.submit(long)
-        prefilled = [0]
-        while long.num_output == 0:
-            await short.outputs.get()
-            prefilled.append(long.num_computed if long.in_prefill else len(long.prompt))
+        prefilled = await prefill_progress(short, long)
         # A decoding step is 28 ms. The stretch alone allows 4 x 28 ms (14 tokens; 16 at least); the prompt's
         # pace, 16 s of work over ~64 steps, would put 39 tokens in a step; its cap, 7 x 28 ms, puts 24.
         assert 16 < max(b - a for a, b in zip(prefilled, prefilled[1:])) <= 24
