@@ -157,8 +157,9 @@ def invalid_utf8_field(descriptor: Descriptor, raw: bytes, prefix: str = "") -> 
 
 class UndecodableRequestInterceptor(grpc.aio.ServerInterceptor):
     """Answers a request that does not parse (e.g. a string field that is not UTF-8) with
-    INVALID_ARGUMENT naming the field, for every unary-request method of the server. Each method's
-    handler is wrapped once, not per call (the drafter's Propose runs every decoding step)."""
+    INVALID_ARGUMENT naming the field, for every method of the server (in a request stream, the
+    message that does not parse ends the stream so). Each method's handler is wrapped once, not per
+    call (the drafter's Propose runs every decoding step)."""
 
     def __init__(self):
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}  # only methods the server has: bounded
@@ -174,7 +175,7 @@ class UndecodableRequestInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _answering_undecodable(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    if handler.request_streaming or handler.request_deserializer is None:
+    if handler.request_deserializer is None:
         return handler
     parse = handler.request_deserializer
     message_class = getattr(parse, "__self__", None)  # generated stubs pass the class's FromString
@@ -187,6 +188,21 @@ def _answering_undecodable(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHand
             return parse(raw)
         except DecodeError:
             return _Undecodable(descriptor, raw)
+
+    if handler.request_streaming:
+        if not handler.response_streaming:  # no specd service takes a stream for one answer
+            return handler
+        behavior = handler.stream_stream
+
+        async def stream_stream(requests, context):
+            async def decoded():
+                async for request in requests:
+                    if isinstance(request, _Undecodable):
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+                    yield request
+            async for response in behavior(decoded(), context):
+                yield response
+        return handler._replace(request_deserializer=deserialize, stream_stream=stream_stream)
 
     if handler.response_streaming:
         behavior = handler.unary_stream

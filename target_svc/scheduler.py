@@ -74,6 +74,7 @@ class Scheduled:
     draft: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)  # the drafter's acceptance estimate of each draft token
     num_new: int = 1
+    draft_price: float = 0.0  # the decode tokens verifying the draft costs the batch (the step's time it adds)
 
     @property
     def is_decode(self) -> bool:
@@ -182,7 +183,8 @@ class Scheduler:
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
         if asking:  # each asked sequence that verified, with what its draft gained (None: it was offered none)
             asked_ids = {s.request_id for s in wanting}
-            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted if drafts.get(item.seq.request_id) else None)
+            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted - item.draft_price
+                                           if drafts.get(item.seq.request_id) else None)
                                           for item, outcome in zip(plan, outcomes)
                                           if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
         realized = 0
@@ -252,8 +254,10 @@ class Scheduler:
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
         choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding],
                                [item.seq.num_computed for item in decoding], base, self._cost)
-        for item, length in zip(decoding, choice.lengths):
+        decoded_per_second = len(decoding) / choice.base_seconds if choice.base_seconds > 0 else 0.0
+        for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
             item.draft, item.probs = item.draft[:length], item.probs[:length]
+            item.draft_price = added * decoded_per_second
         self._draft_seconds = _moved(self._draft_seconds, choice.draft_seconds)
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)

@@ -1,12 +1,14 @@
 """Whether a step asks the drafters at all: their round trip against what drafts have been gaining.
 
 While the drafters answer, the model waits; the step cost model does not see that time, and with one
-sequence it is about a tenth of a step. So each sequence keeps a moving mean of the draft tokens
-accepted in the steps it was offered a draft (`Sequence.draft_gain`), and a step asks only when the
-gain the batch expects is worth more than the tokens the batch would decode in the round trip. A step
-in which the drafter had nothing to offer says little about the next (n-gram matches start as soon as
-the text repeats), so it leaves the mean as it was. A sequence not asked for PROBE_EVERY steps is
-asked again, so one whose text turns repetitive gets its drafts back.
+sequence it is about a tenth of a step. So each sequence keeps a moving mean of what an ask gained it
+(`Sequence.draft_gain`): the draft tokens accepted, less the decode tokens that verifying its draft
+cost the batch (`Scheduled.draft_price`), and a step asks only when the gain the batch expects is
+worth more than the tokens the batch would decode in the round trip. Until the drafter first offers a
+sequence a draft, an ask that returns none leaves the mean unset (n-gram matches start as soon as the
+text repeats); after that it counts as gaining nothing, because its round trip was paid all the same.
+A sequence not asked for PROBE_EVERY steps is asked again, so one whose text turns repetitive gets
+its drafts back.
 """
 from __future__ import annotations
 
@@ -30,14 +32,15 @@ class DraftingGate:
         decoded_meanwhile = self.round_trip * decodes / step_seconds if step_seconds > 0 else 0.0
         return sum(s.draft_gain for s in wanting) > decoded_meanwhile
 
-    def asked(self, round_trip: float, accepted: list[tuple[Sequence, int | None]]) -> None:
-        """An ask took `round_trip` seconds, and each (sequence, tokens): the asked sequence had that many
-        draft tokens accepted, None where it was offered no draft."""
+    def asked(self, round_trip: float, gains: list[tuple[Sequence, float | None]]) -> None:
+        """An ask took `round_trip` seconds, and each (sequence, tokens): what the asked sequence's draft
+        gained the batch, in tokens (its accepted draft tokens less its draft's price), None where it
+        was offered no draft."""
         self.round_trip = _moved(self.round_trip, round_trip)
-        for seq, tokens in accepted:
+        for seq, tokens in gains:
             seq.unasked_steps = 0
-            if tokens is not None:
-                seq.draft_gain = _moved(seq.draft_gain, tokens)
+            if tokens is not None or seq.draft_gain is not None:
+                seq.draft_gain = _moved(seq.draft_gain, tokens or 0.0)
 
     @staticmethod
     def skipped(wanting: list[Sequence]) -> None:

@@ -21,7 +21,12 @@ class DraftChoice:
     lengths: list[int]  # draft tokens kept per candidate, in order
     expected_tokens: float  # tokens the step is expected to yield for its decodes
     base_seconds: float  # the step's predicted cost without drafts
-    draft_seconds: float  # what the kept draft tokens add to it
+    added_seconds: list[float]  # what each candidate's kept draft tokens add to it
+
+    @property
+    def draft_seconds(self) -> float:
+        """What the kept draft tokens add to the step."""
+        return sum(self.added_seconds)
 
     @property
     def seconds(self) -> float:
@@ -44,12 +49,13 @@ def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepSh
     tokens.sort(key=lambda t: -t[0] / t[1])  # stable: equal ratios keep draft order, so each draft stays a prefix
     base_seconds = cost.predict(base)
     expected, seconds = float(len(candidates)), base_seconds
-    best_count, best_value, best_expected, best_seconds = 0, expected / seconds, expected, seconds
+    best_count, best_value, best_expected = 0, expected / seconds, expected
     for count, (reach, token_seconds, _, _) in enumerate(tokens, start=1):
         expected, seconds = expected + reach, seconds + token_seconds
         if expected / seconds > best_value:
-            best_count, best_value, best_expected, best_seconds = count, expected / seconds, expected, seconds
-    lengths = [0] * len(candidates)
-    for _, _, index, position in tokens[:best_count]:
+            best_count, best_value, best_expected = count, expected / seconds, expected
+    lengths, added = [0] * len(candidates), [0.0] * len(candidates)
+    for _, token_seconds, index, position in tokens[:best_count]:
         lengths[index] = max(lengths[index], position + 1)
-    return DraftChoice(lengths, best_expected, base_seconds, best_seconds - base_seconds)
+        added[index] += token_seconds
+    return DraftChoice(lengths, best_expected, base_seconds, added)

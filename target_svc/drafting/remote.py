@@ -1,4 +1,4 @@
-"""A drafter service as a draft source: one batched Propose RPC per step.
+"""A drafter service as a draft source: one batched Propose per step, on a long-lived stream.
 
 A drafter is an optimisation, never a dependency: any failure or a missed
 deadline means "no drafts this step" for its sequences, and the request goes
@@ -40,6 +40,7 @@ class RemoteDrafter:
         self._metrics = metrics
         self._channel = insecure_channel(address)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
+        self._stream: grpc.aio.StreamStreamCall | None = None  # asks go here, one message each way per step
         self._schema: OptionSchema | None = None
         self._synced: dict[str, int] = {}
         # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
@@ -85,13 +86,35 @@ class RemoteDrafter:
         request = drafter_pb2.ProposeRequest(sequences=[self._update(seq, k) for seq, k in wanted])
         started = time.perf_counter()
         try:
-            response = await self._stub.Propose(request, timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as err:
-            self._metrics.drafter_failures.labels(self.method, err.code().name).inc()
+            response = await asyncio.wait_for(self._exchange(request), self._timeout_s)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError) as err:
+            # The stream is out of step now (a late answer would be taken for the next one): the next ask opens another.
+            self._close_stream()
+            code = (err.code().name if isinstance(err, grpc.aio.AioRpcError) else
+                    "DEADLINE_EXCEEDED" if isinstance(err, asyncio.TimeoutError) else
+                    "UNAVAILABLE")  # the stream ended while we wrote to it
+            self._metrics.drafter_failures.labels(self.method, code).inc()
             return {}
         finally:
             self._metrics.drafter_rpc_latency.labels(self.method).observe(time.perf_counter() - started)
         return self._accept(wanted, response)
+
+    async def _exchange(self, request: drafter_pb2.ProposeRequest) -> drafter_pb2.ProposeResponse:
+        """One request and its answer on the open ProposeStream (opened here when there is none). Steps
+        ask one after another, so one exchange at a time."""
+        if self._stream is None or self._stream.done():  # none yet, or it ended since the last step
+            self._stream = self._stub.ProposeStream()
+        await self._stream.write(request)
+        response = await self._stream.read()
+        if response is grpc.aio.EOF:  # the drafter ended the stream (it is shutting down)
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "the drafter closed the Propose stream")
+        return response
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+            self._stream = None
 
     def _within_bounds(self, wanted: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
         """The sequences this step's request can carry: none longer than the drafter holds, and no
@@ -156,6 +179,7 @@ class RemoteDrafter:
             backoff = RELEASE_TIMEOUT_S
 
     async def close(self) -> None:
+        self._close_stream()
         for task in (self._release_task, self._describe_task):
             if task is not None:
                 task.cancel()

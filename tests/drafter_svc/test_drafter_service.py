@@ -76,6 +76,31 @@ async def test_keeps_drafting_from_incremental_updates(stub):
     assert list(draft.token_ids)[:2] == [14, 15]
 
 
+async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(stub):
+    steps = [[update("loop", 0, LOOPING_PROMPT)], [update("loop", len(LOOPING_PROMPT), [11, 12, 13])],
+             [update("loop", len(LOOPING_PROMPT) + 3, [14]), update("fresh", 0, [1, 2, 3])]]
+    stream = stub.ProposeStream()
+    answers = []
+    for updates in steps:
+        await stream.write(drafter_pb2.ProposeRequest(sequences=updates))
+        answers.append(list((await stream.read()).drafts))
+    await stream.done_writing()
+    assert await stream.read() is grpc.aio.EOF
+    assert [[list(d.token_ids) for d in drafts] for drafts in answers] == [[[11, 12, 13, 14]], [[14, 15, 16, 11]],
+                                                                          [[15, 16, 11, 12], []]]
+
+
+async def test_an_invalid_request_ends_the_propose_stream_naming_the_field(stub):
+    stream = stub.ProposeStream()
+    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, params(k=17))]))
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stream.read()
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sequences[0].max_draft_tokens" in error.value.details()
+    (draft,) = await propose(stub, update("ok", 0, LOOPING_PROMPT))  # the next call is served
+    assert list(draft.token_ids) == [11, 12, 13, 14]
+
+
 async def test_a_restarted_drafter_asks_for_the_whole_sequence_again(stub):
     await propose(stub, update("loop", 0, LOOPING_PROMPT))
     restarted = await started()

@@ -25,6 +25,12 @@ class Misbehaving(drafter_pb2_grpc.DrafterServicer):
     async def Release(self, request, context):
         raise BadSequenceId("sequence_ids[0]", "no such sequence")
 
+    @rpc_handler
+    async def ProposeStream(self, requests, context):  # answers each request with its sequence ids
+        async for request in requests:
+            yield drafter_pb2.ProposeResponse(drafts=[drafter_pb2.Draft(sequence_id=u.sequence_id)
+                                                      for u in request.sequences])
+
 
 class Echo(generation_pb2_grpc.GenerationServicer):
     def __init__(self):
@@ -84,6 +90,21 @@ async def test_a_string_that_is_not_utf8_is_invalid_argument_naming_the_field(ch
     assert error.value.details() == "chat.messages[1].content: not valid UTF-8"
     responses = [r async for r in generate(generation_pb2.GenerateRequest(prompt="ok").SerializeToString())]
     assert responses[0].text == "ok"  # valid requests still pass through the same handler
+
+
+async def test_a_message_that_is_not_utf8_in_a_request_stream_ends_it_as_invalid_argument(channel):
+    propose = channel.stream_stream("/specd.v1.Drafter/ProposeStream", request_serializer=None,
+                                    response_deserializer=drafter_pb2.ProposeResponse.FromString)
+    call = propose()
+    fine = drafter_pb2.ProposeRequest(sequences=[drafter_pb2.SequenceUpdate(sequence_id="ok")])
+    await call.write(fine.SerializeToString())
+    assert (await call.read()).drafts[0].sequence_id == "ok"
+    update = b"\x0a\x01\xff"  # SequenceUpdate.sequence_id = 1: one byte, not UTF-8
+    await call.write(b"\x0a" + bytes([len(update)]) + update)  # ProposeRequest.sequences = 1
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await call.read()
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "sequences[0].sequence_id: not valid UTF-8"
 
 
 @pytest.mark.parametrize("raw, field", [

@@ -61,3 +61,4 @@ def test_the_choice_says_what_it_expects():
     assert choice.lengths == [2, 0]
     assert choice.expected_tokens == pytest.approx(4.0)
     assert choice.seconds == pytest.approx(0.020 + 0.0005 * 4)
+    assert choice.added_seconds == pytest.approx([0.0005 * 2, 0.0])

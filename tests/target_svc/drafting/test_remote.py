@@ -53,6 +53,15 @@ async def eventually(condition, timeout_s: float = 15.0) -> bool:
     return condition()
 
 
+async def eventually_async(ask, timeout_s: float = 15.0):
+    """The first truthy answer of `ask()`, asked every 50 ms (a channel reconnects after a back-off)."""
+    for _ in range(int(timeout_s / 0.05)):
+        if answer := await ask():
+            return answer
+        await asyncio.sleep(0.05)
+    return await ask()
+
+
 async def test_a_release_the_drafter_missed_is_retried_until_it_hears(client, address):
     held = SequenceRegistry()
     drafter = await started_drafter(address, held)
@@ -66,6 +75,20 @@ async def test_a_release_the_drafter_missed_is_retried_until_it_hears(client, ad
     drafter = await started_drafter(address, held)  # reachable again, its state as it was
     try:
         assert await eventually(lambda: len(held) == 0)
+    finally:
+        await drafter.stop(grace=0)
+
+
+async def test_a_step_the_drafter_fails_is_draft_free_and_the_next_ask_opens_a_new_stream(client, address):
+    held = SequenceRegistry()
+    drafter = await started_drafter(address, held)
+    seq = sequence("s")
+    assert "s" in await client.propose([(seq, 4)])
+    await drafter.stop(grace=0)  # the open stream breaks
+    assert await client.propose([(seq, 4)]) == {}
+    drafter = await started_drafter(address, held)
+    try:
+        assert await eventually_async(lambda: client.propose([(seq, 4)]))
     finally:
         await drafter.stop(grace=0)
 
