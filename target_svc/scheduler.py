@@ -28,6 +28,7 @@ from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.drafters import Drafters
 from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.drafting.gate import DraftingGate
 from target_svc.drafting.length import choose_drafts
 from target_svc.metrics import TargetMetrics
@@ -122,6 +123,7 @@ class Scheduler:
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
         self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
         self._gate = DraftingGate()
+        self._calibration = AcceptanceCalibration()
         self._arrived = 0.0  # prefill seconds submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
 
@@ -195,6 +197,8 @@ class Scheduler:
                 item.seq.num_computed = item.end
             else:
                 realized += (1 + outcome.num_accepted) * item.is_decode
+                if item.draft:
+                    self._calibration.observe(item.seq.speculative.method, item.probs, outcome.num_accepted)
                 self._commit(item.seq, item.draft, outcome)
         self._metrics.realized_step_tokens.inc(realized)
         for term, seconds in self._cost.coefficients._asdict().items():
@@ -249,10 +253,12 @@ class Scheduler:
         return max((PREFILL_STRETCH - 1) * decoding_part, paced)
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
-        """The target alone decides how much of each draft to verify: it knows what verifying costs."""
+        """The target alone decides how much of each draft to verify: it knows what verifying costs, and
+        how far each drafter's estimates have come true."""
         base = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
-        choice = choose_drafts([item.probs[:len(item.draft)] for item in decoding],
+        choice = choose_drafts([self._calibration.corrected(item.seq.speculative.method, item.probs[:len(item.draft)])
+                                for item in decoding],
                                [item.seq.num_computed for item in decoding], base, self._cost)
         decoded_per_second = len(decoding) / choice.base_seconds if choice.base_seconds > 0 else 0.0
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
