@@ -43,8 +43,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             yield await self._answer(request)
 
     async def _answer(self, request: drafter_pb2.ProposeRequest) -> drafter_pb2.ProposeResponse:
-        requested = self._parse_updates(request)
-        if self._worker_jobs == 0 and sum(len(u.appended_token_ids) for u, _, _ in requested) <= INLINE_TOKENS:
+        requested, appended = self._parse_updates(request)
+        if self._worker_jobs == 0 and appended <= INLINE_TOKENS:
             # A step's few new tokens: the hop to the worker (~0.15 ms) costs more than the work, and with
             # the worker idle the state is ours alone.
             return drafter_pb2.ProposeResponse(drafts=self._propose(requested))
@@ -104,9 +104,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._metrics.sequences.set(len(self._sequences))
         self._metrics.tokens_held.set(self._sequences.tokens_held)
 
-    def _parse_updates(self, request: drafter_pb2.ProposeRequest) -> list[tuple[SequenceUpdate, int, dict | None]]:
+    def _parse_updates(self, request: drafter_pb2.ProposeRequest
+                       ) -> tuple[list[tuple[SequenceUpdate, int, dict | None]], int]:
         """Every entry (its update, draft budget and, from position 0, its resolved options), validated
-        before any state changes, so a bad request leaves no trace."""
+        before any state changes, so a bad request leaves no trace; and the new tokens of them all."""
         check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
         total = sum(len(pb.appended_token_ids) for pb in request.sequences)
         if total > MAX_PROPOSE_TOKENS:
@@ -124,4 +125,4 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             options = None if pb.start_position else \
                 self._proposer.schema.resolve(options_from_pb(pb.options, f"{field}.options"), f"{field}.options")
             parsed.append((update, pb.max_draft_tokens, options))
-        return parsed
+        return parsed, total

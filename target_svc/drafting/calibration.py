@@ -8,18 +8,16 @@ method's next estimates by that ratio.
 """
 from __future__ import annotations
 
+from target_svc.drafting.length import reaches
+
 RECENT_DRAFTS = 256
 # Until a method's drafts were expected to yield this many tokens, its estimates are taken as they are.
 EVIDENCE_TOKENS = 8.0
 
 
 def expected_tokens(probs: list[float]) -> float:
-    """The tokens a draft is expected to yield: the sum of its tokens' reaches p_1, p_1·p_2, ..."""
-    total, reach = 0.0, 1.0
-    for prob in probs:
-        reach *= prob
-        total += reach
-    return total
+    """The tokens a draft is expected to yield: the sum of its tokens' reaches."""
+    return sum(reaches(probs))
 
 
 class AcceptanceCalibration:

@@ -34,6 +34,15 @@ class DraftChoice:
         return self.base_seconds + self.draft_seconds
 
 
+def reaches(probs: list[float]) -> list[float]:
+    """Each draft token's chance that it and every token before it are accepted: p_1, p_1·p_2, ..."""
+    out, reach = [], 1.0
+    for prob in probs:
+        reach *= prob
+        out.append(reach)
+    return out
+
+
 def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepShape,
                   cost: StepCostModel) -> DraftChoice:
     """Per candidate draft (one per decoding sequence, as its tokens' acceptance estimates; empty for
@@ -42,9 +51,7 @@ def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepSh
     newest token goes at that position, the draft after it)."""
     tokens = []  # (reach, seconds, candidate, position in the draft)
     for index, (probs, start) in enumerate(zip(candidates, cached)):
-        reach = 1.0
-        for position, prob in enumerate(probs):
-            reach *= prob
+        for position, reach in enumerate(reaches(probs)):
             tokens.append((reach, cost.token_seconds(start + 1 + position), index, position))
     tokens.sort(key=lambda t: -t[0] / t[1])  # stable: equal ratios keep draft order, so each draft stays a prefix
     base_seconds = cost.predict(base)

@@ -28,6 +28,17 @@ RELEASE_RETRY_MAX_S = 30.0
 DESCRIBE_RETRY_S = 2.0
 
 
+class _StreamEnded(Exception):
+    """The drafter ended the Propose stream without an error status."""
+
+
+def _failure_code(error: Exception) -> str:
+    """The drafter_failures label of a failed ask."""
+    if isinstance(error, grpc.aio.AioRpcError):
+        return error.code().name
+    return "DEADLINE_EXCEEDED" if isinstance(error, asyncio.TimeoutError) else "UNAVAILABLE"
+
+
 class RemoteDrafter:
     """One drafter service; remembers how many of each sequence's tokens it has been told."""
 
@@ -87,13 +98,10 @@ class RemoteDrafter:
         started = time.perf_counter()
         try:
             response = await asyncio.wait_for(self._exchange(request), self._timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError) as err:
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, _StreamEnded) as err:
             # The stream is out of step now (a late answer would be taken for the next one): the next ask opens another.
             self._close_stream()
-            code = (err.code().name if isinstance(err, grpc.aio.AioRpcError) else
-                    "DEADLINE_EXCEEDED" if isinstance(err, asyncio.TimeoutError) else
-                    "UNAVAILABLE")  # the stream ended while we wrote to it
-            self._metrics.drafter_failures.labels(self.method, code).inc()
+            self._metrics.drafter_failures.labels(self.method, _failure_code(err)).inc()
             return {}
         finally:
             self._metrics.drafter_rpc_latency.labels(self.method).observe(time.perf_counter() - started)
@@ -104,11 +112,13 @@ class RemoteDrafter:
         ask one after another, so one exchange at a time."""
         if self._stream is None or self._stream.done():  # none yet, or it ended since the last step
             self._stream = self._stub.ProposeStream()
-        await self._stream.write(request)
+        try:
+            await self._stream.write(request)
+        except asyncio.InvalidStateError as ended:  # it ended after the check above
+            raise _StreamEnded from ended
         response = await self._stream.read()
-        if response is grpc.aio.EOF:  # the drafter ended the stream (it is shutting down)
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       "the drafter closed the Propose stream")
+        if response is grpc.aio.EOF:  # the drafter ended it (it is shutting down)
+            raise _StreamEnded
         return response
 
     def _close_stream(self) -> None:
