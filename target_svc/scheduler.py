@@ -183,10 +183,9 @@ class Scheduler:
         if not plan:
             return
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
-        if asking:  # each asked sequence that verified, with what its draft gained (None: it was offered none)
+        if asking:  # each asked sequence that verified, with what its draft gained the batch
             asked_ids = {s.request_id for s in wanting}
-            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted - item.draft_price
-                                           if drafts.get(item.seq.request_id) else None)
+            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted - item.draft_price)
                                           for item, outcome in zip(plan, outcomes)
                                           if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
         realized = 0

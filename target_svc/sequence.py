@@ -46,8 +46,8 @@ class Sequence:
     # takes several steps), then all but the newest token (the next step feeds it in).
     num_computed: int = 0
     preemptions: int = 0  # times its KV cache was taken back for others
-    # What an ask for its draft gained the batch, in tokens (a moving mean; None: never offered a
-    # draft), and steps since it was last asked: `DraftingGate` decides from them whether to ask.
+    # What an ask for its draft gained the batch, in tokens (a moving mean; None: never asked), and
+    # steps since it was last asked: `DraftingGate` decides from them whether to ask.
     draft_gain: float | None = None
     unasked_steps: int = 0
 

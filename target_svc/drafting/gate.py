@@ -3,47 +3,59 @@
 While the drafters answer, the model waits; the step cost model does not see that time, and with one
 sequence it is about a tenth of a step. So each sequence keeps a moving mean of what an ask gained it
 (`Sequence.draft_gain`): the draft tokens accepted, less the decode tokens that verifying its draft
-cost the batch (`Scheduled.draft_price`), and a step asks only when the gain the batch expects is
-worth more than the tokens the batch would decode in the round trip. Until the drafter first offers a
-sequence a draft, an ask that returns none leaves the mean unset (n-gram matches start as soon as the
-text repeats); after that it counts as gaining nothing, because its round trip was paid all the same.
-A sequence not asked for PROBE_EVERY steps is asked again, so one whose text turns repetitive gets
-its drafts back.
+cost the batch (`Scheduled.draft_price`); an ask that offered it nothing gained nothing, because its
+round trip was paid all the same. A step asks only when the gain the batch expects is worth more than
+the tokens the batch would decode in the round trip.
+
+What a sequence is expected to gain is its own mean, drifting back to what asks have typically gained
+any sequence (`typical_gain`) while it goes unasked: its text may have turned repetitive since. A
+sequence never asked is expected to gain the typical. So a batch of sequences whose drafts do not pay
+is asked rarely, one whole batch at a time, and never for a single newcomer's sake; and a step asks
+anyway when none has for PROBE_EVERY steps, so that the typical gain itself stays current.
 """
 from __future__ import annotations
 
 from target_svc.sequence import Sequence
 
-PROBE_EVERY = 4
+PROBE_EVERY = 8
 SMOOTHING = 0.25  # weight of a sequence's newest asked step in its mean gain, and of an ask's round trip
 
 
 class DraftingGate:
     def __init__(self):
         self.round_trip: float | None = None  # seconds an ask takes, a moving mean; None before the first
+        self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
+        self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
+
+    def expected_gain(self, seq: Sequence) -> float:
+        """What asking for `seq`'s draft is expected to gain the batch, in tokens (typical_gain set)."""
+        if seq.draft_gain is None:
+            return self.typical_gain
+        drift = 1.0 - (1.0 - SMOOTHING) ** seq.unasked_steps
+        return seq.draft_gain + drift * (self.typical_gain - seq.draft_gain)
 
     def worth_asking(self, wanting: list[Sequence], decodes: int, step_seconds: float) -> bool:
         """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences, recent steps
         having taken `step_seconds`."""
         if not wanting:
             return False
-        if self.round_trip is None or any(s.draft_gain is None or s.unasked_steps >= PROBE_EVERY for s in wanting):
+        if self.round_trip is None or self.typical_gain is None or self.unasked_steps >= PROBE_EVERY:
             return True
         decoded_meanwhile = self.round_trip * decodes / step_seconds if step_seconds > 0 else 0.0
-        return sum(s.draft_gain for s in wanting) > decoded_meanwhile
+        return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
 
-    def asked(self, round_trip: float, gains: list[tuple[Sequence, float | None]]) -> None:
+    def asked(self, round_trip: float, gains: list[tuple[Sequence, float]]) -> None:
         """An ask took `round_trip` seconds, and each (sequence, tokens): what the asked sequence's draft
-        gained the batch, in tokens (its accepted draft tokens less its draft's price), None where it
-        was offered no draft."""
+        gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
         self.round_trip = _moved(self.round_trip, round_trip)
+        self.unasked_steps = 0
         for seq, tokens in gains:
             seq.unasked_steps = 0
-            if tokens is not None or seq.draft_gain is not None:
-                seq.draft_gain = _moved(seq.draft_gain, tokens or 0.0)
+            seq.draft_gain = _moved(seq.draft_gain, tokens)
+            self.typical_gain = _moved(self.typical_gain, tokens)
 
-    @staticmethod
-    def skipped(wanting: list[Sequence]) -> None:
+    def skipped(self, wanting: list[Sequence]) -> None:
+        self.unasked_steps += 1
         for seq in wanting:
             seq.unasked_steps += 1
 

@@ -1,5 +1,5 @@
-"""A step asks the drafters only when what the batch's drafts have been gaining (accepted tokens, less
-what verifying them cost) is worth the round trip; a sequence left unasked is asked again every few
+"""A step asks the drafters only when what the batch's drafts are expected to gain (accepted tokens,
+less what verifying them cost) is worth the round trip; a batch left unasked is asked again every few
 steps."""
 from specd.types import SamplingParams, SpeculativeConfig
 from target_svc.drafting.gate import PROBE_EVERY, DraftingGate
@@ -21,7 +21,7 @@ def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
     for _ in range(PROBE_EVERY):
         assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
         gate.skipped([seq])
-    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)  # probe: its text may have changed
+    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)  # probe: the text may have changed
 
 
 def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
@@ -38,18 +38,30 @@ def test_nothing_to_ask_for_is_not_asked():
     assert not DraftingGate().worth_asking([], decodes=4, step_seconds=0.015)
 
 
-def test_until_the_drafter_first_offers_a_draft_asking_is_not_held_against_it():
-    gate, seq = DraftingGate(), sequence("a")
-    gate.asked(0.002, [(seq, None)])  # nothing matched yet: no evidence against drafting
-    assert seq.draft_gain is None and gate.worth_asking([seq], decodes=1, step_seconds=0.015)
-
-
-def test_after_its_first_draft_an_ask_with_nothing_on_offer_gains_nothing():
+def test_an_ask_with_nothing_on_offer_gains_nothing():
     gate, seq = DraftingGate(), sequence("a")
     gate.asked(0.002, [(seq, 3.0)])
     for _ in range(12):  # the round trip was paid each time, for no draft
-        gate.asked(0.002, [(seq, None)])
+        gate.asked(0.002, [(seq, 0.0)])
     assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+
+
+def test_a_newcomer_is_expected_to_gain_what_asks_typically_gain():
+    gate, old = DraftingGate(), [sequence(name) for name in "abc"]
+    gate.asked(0.002, [(seq, gain) for seq, gain in zip(old, [0.0, 0.0, 1.5])])
+    newcomer = sequence("new")
+    assert gate.expected_gain(newcomer) == gate.typical_gain
+    # asks have been paying for one sequence in three: one newcomer is not worth asking a batch of 16 for
+    assert not gate.worth_asking([newcomer], decodes=16, step_seconds=0.050)
+
+
+def test_a_sequence_left_unasked_is_expected_to_gain_more_like_the_typical_each_step():
+    gate, dull, lively = DraftingGate(), sequence("dull"), sequence("lively")
+    gate.asked(0.002, [(dull, 0.0), (lively, 4.0)])
+    before = gate.expected_gain(dull)
+    gate.skipped([dull])
+    gate.skipped([dull])
+    assert before < gate.expected_gain(dull) < gate.typical_gain
 
 
 def test_drafts_that_cost_the_batch_what_they_gain_are_not_worth_a_round_trip():
