@@ -12,7 +12,7 @@ CPU (`kernels.cpu`), the PyTorch references (`kernels.reference`) elsewhere.
 from kernels.dispatch import (add_rms_norm, attention_backend, build_tree_attention, compact_kv, greedy_accept,
                               pack_linear_weight, packed_linear, packs_caches, packs_linear_weight,
                               paged_attention, prepare, rejection_sample, rotate, sample_recovered, silu_mul,
-                              tree_greedy_accept, write_kv)
+                              tree_greedy_accept, tree_rejection_sample, write_kv)
 from kernels.layout import (packed_key_shape, packed_value_shape, read_slots, target_row_offsets, tree_mask_offsets,
                             write_slots)
 
@@ -20,4 +20,5 @@ __all__ = ["add_rms_norm", "attention_backend", "build_tree_attention", "compact
            "pack_linear_weight", "packed_key_shape", "packed_linear", "packed_value_shape", "packs_caches",
            "packs_linear_weight", "paged_attention", "prepare", "read_slots", "rejection_sample", "rotate",
            "sample_recovered", "silu_mul",
-           "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets", "write_kv", "write_slots"]
+           "target_row_offsets", "tree_greedy_accept", "tree_mask_offsets", "tree_rejection_sample", "write_kv",
+           "write_slots"]

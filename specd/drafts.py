@@ -35,16 +35,24 @@ class DraftTree:
     def is_chain(self) -> bool:
         return self.parents == tuple(range(ROOT, len(self.token_ids) - 1))
 
-    def first_path(self) -> DraftTree:
-        """The chain that follows each node's first child from the root: all of a chain."""
-        if self.is_chain:
-            return self
-        path, parent = [], ROOT
-        for i, p in enumerate(self.parents):
-            if p == parent:
-                path.append(i)
-                parent = i
-        return DraftTree.chain([self.token_ids[i] for i in path], [self.probs[i] for i in path], self.score)
+    def reaches(self) -> list[float]:
+        """Each node's estimated chance that it and every ancestor are accepted: its probs multiplied
+        down from the root (in a chain p_1, p_1·p_2, ...). Siblings exclude one another, so the sum is
+        the tokens the draft is expected to yield."""
+        out: list[float] = []
+        for prob, parent in zip(self.probs, self.parents):
+            out.append(prob * (out[parent] if parent != ROOT else 1.0))
+        return out
+
+    def depths(self) -> list[int]:
+        """Each node's depth: 1 for the root's children."""
+        out: list[int] = []
+        for parent in self.parents:
+            out.append(1 + (out[parent] if parent != ROOT else 0))
+        return out
+
+    def with_probs(self, probs: list[float]) -> DraftTree:
+        return DraftTree(self.token_ids, self.parents, tuple(probs), self.score)
 
     def truncated(self, num_tokens: int) -> DraftTree:
         """The first num_tokens nodes: still a tree, because parents come before children."""

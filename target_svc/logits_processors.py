@@ -1,8 +1,9 @@
 """Logits processors, applied identically at every verification row.
 
-Row j of a sequence's verification block scores the token after its committed
-tokens plus drafts[:j], so the repetition penalty sees those drafts as if they
-had been accepted. The order follows transformers' `generate`: repetition
+Row 0 of a sequence's verification block scores the token after its committed
+tokens, row 1 + i the token after draft node i and its ancestors (in a chain,
+drafts[:i + 1]), so the repetition penalty sees those drafts as if they had
+been accepted. The order follows transformers' `generate`: repetition
 penalty, temperature, top-k, top-p.
 """
 from __future__ import annotations
@@ -20,18 +21,23 @@ class PenalizedRows:
     first_row: int  # row of the block in the batch's logits
     penalty: float
     history: list[int]  # committed tokens (prompt + output)
-    drafts: list[int]  # row first_row + j comes after drafts[:j]
+    drafts: list[int]  # draft nodes; row first_row + 1 + i comes after node i and its ancestors
+    parents: list[int] | None = None  # each node's parent (-1: the root); None: a chain
 
 
 def apply_repetition_penalty(logits: torch.Tensor, blocks: list[PenalizedRows]) -> None:
     """In place: a token seen before has its logit divided (if > 0) or multiplied (if < 0) by the penalty."""
     for block in blocks:
-        seen = set(block.history)  # once per sequence; each row adds the draft before it
+        history = set(block.history)  # once per sequence; each row adds the drafts on its path
+        on_path: list[frozenset[int]] = []  # per node: the draft tokens from the root's child down to it
+        parents = block.parents if block.parents is not None else range(-1, len(block.drafts) - 1)
         for j in range(len(block.drafts) + 1):
             if j:
-                seen.add(block.drafts[j - 1])
+                parent = parents[j - 1]
+                on_path.append((on_path[parent] if parent >= 0 else frozenset()) | {block.drafts[j - 1]})
             row = block.first_row + j
-            ids = torch.tensor(sorted(seen), dtype=torch.long, device=logits.device)
+            ids = torch.tensor(sorted(history | on_path[j - 1] if j else history), dtype=torch.long,
+                               device=logits.device)
             scores = logits[row, ids]
             logits[row, ids] = torch.where(scores > 0, scores / block.penalty, scores * block.penalty)
 

@@ -69,11 +69,10 @@ class _PrefillBudget:
 
 @dataclass
 class Scheduled:
-    """One sequence's share of a step: a decode (its newest token plus `draft`) or `num_new` tokens of
-    the prefill (a prompt, or the tokens of a preempted sequence)."""
+    """One sequence's share of a step: a decode (its newest token plus its draft tree) or `num_new`
+    tokens of the prefill (a prompt, or the tokens of a preempted sequence)."""
     seq: Sequence
-    draft: list[int] = field(default_factory=list)
-    probs: list[float] = field(default_factory=list)  # the drafter's acceptance estimate of each draft token
+    draft: DraftTree = field(default_factory=DraftTree)  # as the drafter estimated it, cut to what is verified
     num_new: int = 1
     draft_price: float = 0.0  # the decode tokens verifying the draft costs the batch (the step's time it adds)
 
@@ -93,11 +92,23 @@ class Scheduled:
         return self.is_decode or (seq.num_output == 0 and self.end == seq.prefill_target)
 
     def input(self) -> SequenceInput:
-        seq = self.seq
-        if self.is_decode:
-            return SequenceInput(seq.request_id, [seq.tokens[-1], *self.draft], seq.num_computed, len(self.draft) + 1)
-        return SequenceInput(seq.request_id, seq.tokens[seq.num_computed:self.end], seq.num_computed,
-                             int(self.wants_logits))
+        seq, draft = self.seq, self.draft
+        if not self.is_decode:
+            return SequenceInput(seq.request_id, seq.tokens[seq.num_computed:self.end], seq.num_computed,
+                                 int(self.wants_logits))
+        tokens = [seq.tokens[-1], *draft.token_ids]
+        if draft.is_chain:
+            return SequenceInput(seq.request_id, tokens, seq.num_computed, len(tokens))
+        # A tree: each node at its depth past the newest token, seeing only its ancestors (index + 1: the
+        # newest token is row 0).
+        return SequenceInput(seq.request_id, tokens, seq.num_computed, len(tokens),
+                             positions=[seq.num_computed + depth for depth in (0, *draft.depths())],
+                             parents=[-1, *(parent + 1 for parent in draft.parents)])
+
+    def verify_input(self) -> VerifyInput:
+        draft = self.draft
+        return VerifyInput(self.seq.sampling, self.seq.tokens, list(draft.token_ids), self.seq.generator,
+                           None if draft.is_chain else list(draft.parents))
 
 
 class Scheduler:
@@ -179,7 +190,7 @@ class Scheduler:
             self._gate.skipped(wanting)
             self._metrics.drafting_skipped.inc()
         self._round_trip = _moved(self._round_trip, round_trip)
-        plan = self._plan(decodes, {sid: d.first_path() for sid, d in drafts.items()})
+        plan = self._plan(decodes, drafts)
         if not plan:
             return
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
@@ -197,7 +208,7 @@ class Scheduler:
             else:
                 realized += (1 + outcome.num_accepted) * item.is_decode
                 if item.draft:
-                    self._calibration.observe(item.seq.speculative.method, item.probs, outcome.num_accepted)
+                    self._calibration.observe(item.seq.speculative.method, item.draft, outcome.num_accepted)
                 self._commit(item.seq, item.draft, outcome)
         self._metrics.realized_step_tokens.inc(realized)
         for term, seconds in self._cost.coefficients._asdict().items():
@@ -211,8 +222,8 @@ class Scheduler:
         to the budget, dropped and then the newest sequences preempted where memory is short), then
         prompt chunks of the running sequences, then newly admitted ones, in order; then the drafts cut
         to what raises the step's goodput by the cost model."""
-        decoding = self._fit_decodes([Scheduled(s, list(d.token_ids), list(d.probs)) if (d := drafts.get(s.request_id))
-                                      else Scheduled(s) for s in decodes])
+        decoding = self._fit_decodes([Scheduled(s, d) if (d := drafts.get(s.request_id)) else Scheduled(s)
+                                      for s in decodes])
         prefilling = self._plan_prefills(decoding)
         self._choose_drafts(decoding, prefilling)
         self._metrics.prefill_chunks.inc(sum(item.end < item.seq.prefill_target for item in prefilling))
@@ -256,12 +267,12 @@ class Scheduler:
         how far each drafter's estimates have come true."""
         base = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
-        choice = choose_drafts([self._calibration.corrected(item.seq.speculative.method, item.probs[:len(item.draft)])
+        choice = choose_drafts([self._calibration.corrected(item.seq.speculative.method, item.draft)
                                 for item in decoding],
                                [item.seq.num_computed for item in decoding], base, self._cost)
         decoded_per_second = len(decoding) / choice.base_seconds if choice.base_seconds > 0 else 0.0
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
-            item.draft, item.probs = item.draft[:length], item.probs[:length]
+            item.draft = item.draft.truncated(length)
             item.draft_price = added * decoded_per_second
         self._draft_seconds = _moved(self._draft_seconds, choice.draft_seconds)
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
@@ -273,12 +284,12 @@ class Scheduler:
         cannot hold the step, the drafts go, then the newest running sequences, until it fits."""
         spare = self._max_step_tokens - len(decoding)
         for item in decoding:
-            item.draft = item.draft[:max(spare, 0)]
+            item.draft = item.draft.truncated(max(spare, 0))
             spare -= len(item.draft)
         while sum(self._new_blocks(item) for item in decoding) > self._runner.allocator.num_free_blocks:
             if any(item.draft for item in decoding):
                 for item in decoding:
-                    item.draft = []
+                    item.draft = DraftTree()
                 continue
             victim = self._running[-1]
             self._preempt(victim)
@@ -329,8 +340,11 @@ class Scheduler:
         shape = StepShape.of((i.start_position, len(i.token_ids)) for i in inputs)
         logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
-        results = iter(verify(logits, [VerifyInput(i.seq.sampling, i.seq.tokens, i.draft, i.seq.generator)
-                                       for i in verified])) if verified else iter(())
+        results = verify(logits, [item.verify_input() for item in verified]) if verified else []
+        for item, result in zip(verified, results):  # an accepted tree path not in place moves into place
+            if not item.draft.is_chain:
+                self._runner.keep_path(item.seq.request_id, item.seq.num_computed + 1, result.path)
+        in_order = iter(results)
         seconds = time.perf_counter() - started
         self._cost.observe(shape, seconds)
         self._step_seconds = _moved(self._step_seconds, seconds)
@@ -338,7 +352,7 @@ class Scheduler:
         self._metrics.realized_step_seconds.inc(seconds)
         self._metrics.step_batch_size.observe(len(plan))
         self._metrics.step_tokens.observe(shape.tokens)
-        return [next(results) if item.wants_logits else None for item in plan]
+        return [next(in_order) if item.wants_logits else None for item in plan]
 
     # -- admission, preemption and retirement ----------------------------------
 
@@ -393,8 +407,8 @@ class Scheduler:
 
     # -- committing a step's result -------------------------------------------
 
-    def _commit(self, seq: Sequence, draft: list[int], result: VerifyResult) -> None:
-        out = seq.commit(result.tokens(draft), result.num_accepted, len(draft))
+    def _commit(self, seq: Sequence, draft: DraftTree, result: VerifyResult) -> None:
+        out = seq.commit(result.tokens(list(draft.token_ids)), result.num_accepted, len(draft))
         self._runner.allocator.truncate(seq.request_id, seq.num_computed)  # roll back rejected drafts
         self._record(seq, draft, out)
         seq.outputs.put_nowait(out)
@@ -402,7 +416,7 @@ class Scheduler:
             self._finish(seq, FINISH_REASON_NAMES[out.finish_reason])
             self._metrics.e2e_latency.labels(seq.speculative.method).observe(time.perf_counter() - seq.clock.started)
 
-    def _record(self, seq: Sequence, draft: list[int], out: StepOutput) -> None:
+    def _record(self, seq: Sequence, draft: DraftTree, out: StepOutput) -> None:
         m, method = self._metrics, seq.speculative.method
         time_to_first_token, gap = seq.clock.tick(len(out.token_ids))
         if time_to_first_token is not None:
@@ -413,8 +427,8 @@ class Scheduler:
             m.verification_steps.labels(method).inc()
             m.draft_tokens.labels(method).inc(len(draft))
             m.accepted_tokens.labels(method).inc(out.accepted_draft_tokens)
-            for position in range(len(draft)):
-                m.draft_tokens_per_position.labels(method, str(position)).inc()
+            for depth in draft.depths():
+                m.draft_tokens_per_position.labels(method, str(depth - 1)).inc()
             for position in range(out.accepted_draft_tokens):
                 m.accepted_per_position.labels(method, str(position)).inc()
         m.output_tokens.labels(method).inc(len(out.token_ids))

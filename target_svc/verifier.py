@@ -1,8 +1,9 @@
 """Turns one forward pass's logits into each sequence's accepted drafts and next token.
 
-Greedy sequences keep drafts that equal the target's argmax; sampled ones go
-through lossless rejection sampling. Both run as one kernel call over the
-whole batch (flattened, no padding) through `kernels`.
+A draft is a token tree (a chain is the tree whose every node has one child), and every draft goes
+the same way: greedy sequences keep the deepest path whose tokens equal the target's argmax; sampled
+ones go through lossless tree rejection sampling. Each is one kernel call over the whole batch
+(flattened, no padding) through `kernels`.
 """
 from __future__ import annotations
 
@@ -17,27 +18,38 @@ from target_svc.logits_processors import PenalizedRows, apply_repetition_penalty
 
 @dataclass
 class VerifyInput:
-    """One sequence's share of the batch: its logits rows are len(drafts) + 1."""
+    """One sequence's share of the batch: its logits rows are len(drafts) + 1 (the root, then a row per
+    draft node)."""
     sampling: SamplingParams
     history: list[int]
     drafts: list[int]
     generator: torch.Generator
+    parents: list[int] | None = None  # each draft node's parent (-1: the root); None: a chain
+
+    @property
+    def parent_ids(self) -> list[int]:
+        return self.parents if self.parents is not None else list(range(-1, len(self.drafts) - 1))
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    num_accepted: int
     next_token: int
+    path: tuple[int, ...] = ()  # the accepted draft nodes, from the root's child down
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
 
     def tokens(self, drafts: list[int]) -> list[int]:
-        return [*drafts[:self.num_accepted], self.next_token]
+        """The tokens the step emits: the accepted path's, then the next token."""
+        return [*(drafts[node] for node in self.path), self.next_token]
 
 
 def verify(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
     """logits [sum(len(drafts) + 1), V], rows in batch order."""
     row_offsets = _cumsum([len(item.drafts) + 1 for item in batch])
     apply_repetition_penalty(logits, [PenalizedRows(row_offsets[i], item.sampling.repetition_penalty,
-                                                    item.history, item.drafts)
+                                                    item.history, item.drafts, item.parents)
                                       for i, item in enumerate(batch) if item.sampling.repetition_penalty != 1.0])
     greedy = [i for i, item in enumerate(batch) if item.sampling.greedy]
     sampled = [i for i, item in enumerate(batch) if not item.sampling.greedy]
@@ -50,35 +62,39 @@ def verify(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]
 
 
 def _verify_greedy(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
-    drafts, cu_draft_lens = _flat_drafts(batch, logits.device)
+    drafts, parents, cu_draft_lens = _flat_trees(batch, logits.device)
     # max's indices are argmax's (the first of equal maxima), 2-3x faster than argmax on CPU (measured).
-    num_accepted, next_token = kernels.greedy_accept(drafts, cu_draft_lens, logits.max(dim=-1).indices)
-    return _results(num_accepted, next_token)
+    return _results(*kernels.tree_greedy_accept(drafts, parents, cu_draft_lens, logits.max(dim=-1).indices),
+                    cu_draft_lens)
 
 
 def _verify_sampled(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:
-    drafts, cu_draft_lens = _flat_drafts(batch, logits.device)
+    drafts, parents, cu_draft_lens = _flat_trees(batch, logits.device)
     params = [item.sampling for item in batch for _ in range(len(item.drafts) + 1)]
     probs = to_probs(logits, params)
     # Each sequence draws from its own generator, so a seeded request is
     # reproducible whatever else shares its batch.
     uniform_accept = torch.cat([torch.rand(len(item.drafts), generator=item.generator) for item in batch])
     uniform_final = torch.cat([torch.rand(1, generator=item.generator) for item in batch])
-    num_accepted, next_token = kernels.rejection_sample(drafts, cu_draft_lens, probs, None,
-                                                        uniform_accept.to(probs.device),
-                                                        uniform_final.to(probs.device))
-    return _results(num_accepted, next_token)
+    return _results(*kernels.tree_rejection_sample(drafts, parents, cu_draft_lens, probs,
+                                                   uniform_accept.to(probs.device), uniform_final.to(probs.device)),
+                    cu_draft_lens)
 
 
-def _results(num_accepted: torch.Tensor, next_token: torch.Tensor) -> list[VerifyResult]:
-    return [VerifyResult(n, t) for n, t in zip(num_accepted.tolist(), next_token.tolist())]  # one copy, not B
+def _results(num_accepted: torch.Tensor, accepted_nodes: torch.Tensor, next_token: torch.Tensor,
+             cu_draft_lens: torch.Tensor) -> list[VerifyResult]:
+    nodes, starts = accepted_nodes.tolist(), cu_draft_lens.tolist()  # one copy each, not B
+    return [VerifyResult(t, tuple(nodes[start:start + n]))
+            for n, t, start in zip(num_accepted.tolist(), next_token.tolist(), starts)]
 
 
-def _flat_drafts(batch: list[VerifyInput], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """On the logits' device: kernels pick their implementation by device (Triton on CUDA)."""
-    drafts = torch.tensor([t for item in batch for t in item.drafts], dtype=torch.long, device=device)
-    cu_draft_lens = torch.tensor(_cumsum([len(item.drafts) for item in batch]), dtype=torch.long, device=device)
-    return drafts, cu_draft_lens
+def _flat_trees(batch: list[VerifyInput], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draft tokens, parents and cu_draft_lens on the logits' device: kernels pick their implementation
+    by device (Triton on CUDA)."""
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+    return (as_tensor([t for item in batch for t in item.drafts]),
+            as_tensor([p for item in batch for p in item.parent_ids]),
+            as_tensor(_cumsum([len(item.drafts) for item in batch])))
 
 
 def _rows_of(logits: torch.Tensor, row_offsets: list[int], seqs: list[int]) -> torch.Tensor:

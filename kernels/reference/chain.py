@@ -68,12 +68,18 @@ def sample_recovered(draft_token_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
     if rejected.numel():
         drafts = cu_draft_lens[rejected] + num_accepted[rejected]  # [R] the rejected drafts
         _to_residual_(probs, rejected, draft_token_ids[drafts], None if draft_probs is None else draft_probs[drafts])
-    cdf = _fixed_point(probs).cumsum_(dim=-1)  # [B, V]
-    # Where p <= q leaves no residual mass (no fixed-point weight), draw from p: any sample is exact then.
-    empty = rejected[cdf[rejected, -1] == 0]
+    return draw_residual(probs, target_probs, rows, uniform_final)
+
+
+def draw_residual(residual: torch.Tensor, target_probs: torch.Tensor, rows: torch.Tensor,
+                  uniform: torch.Tensor) -> torch.Tensor:
+    """[B] one inverse-CDF draw per row of residual [B, V] (overwritten), the residual mass at target
+    rows [B]; where none is left (no fixed-point weight), from p at that row: any draw is exact then."""
+    cdf = _fixed_point(residual).cumsum_(dim=-1)
+    empty = (cdf[:, -1] == 0).nonzero().squeeze(1)
     if empty.numel():
         cdf[empty] = _fixed_point(target_probs[rows[empty]]).cumsum_(dim=-1)
-    return _inverse_cdf_sample(cdf, uniform_final)
+    return _inverse_cdf_sample(cdf, uniform)
 
 
 def _checking_rows(cu_draft_lens: torch.Tensor, seq_of_draft: torch.Tensor, pos_in_draft: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tree drafts in plain PyTorch: greedy tree acceptance, tree attention mask and positions.
+"""Tree drafts in plain PyTorch: greedy and sampled tree acceptance, tree attention mask and positions.
 
 Sequence b's tree is draft nodes cu_draft_lens[b] .. cu_draft_lens[b+1] - 1,
 each with parent_ids = the local index of its parent node, or -1 when its parent
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from kernels.layout import draft_layout, segment_ids, target_row_offsets, tree_mask_offsets
+from kernels.reference.chain import draw_residual
 
 
 def tree_greedy_accept(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
@@ -28,15 +29,73 @@ def tree_greedy_accept(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, 
       next_token [B]: the target's argmax at that node's row (the bonus token).
     Among equally deep accepted nodes the lowest index wins.
     """
-    seq_of_node, local = _check_parents(parent_ids, cu_draft_lens)
-    first = cu_draft_lens[:-1]  # [B] each sequence's first node
-    row_start = target_row_offsets(cu_draft_lens)[:-1]  # [B]
-    parent = torch.where(parent_ids >= 0, first[seq_of_node] + parent_ids, -1)  # [N] global node index
-    matches = draft_token_ids == target_argmax[row_start[seq_of_node] + 1 + parent_ids]  # [N]
-    depth, accepted = _depth_and_acceptance(matches, parent)
-    num_accepted, deepest = _deepest_accepted(depth, accepted, seq_of_node, local, first.numel())
-    next_token = target_argmax[row_start + 1 + deepest]
-    return num_accepted, _path_slots(deepest, first, parent, depth), next_token
+    seq_of_node, _ = _check_parents(parent_ids, cu_draft_lens)
+    row_start = target_row_offsets(cu_draft_lens)
+    matches = (draft_token_ids == target_argmax[row_start[seq_of_node] + 1 + parent_ids]).tolist()  # [N]
+    parents, cu, starts = parent_ids.tolist(), cu_draft_lens.tolist(), row_start.tolist()
+    num_accepted, accepted_nodes, last_rows = [0] * (len(cu) - 1), [-1] * len(parents), []
+    for b in range(len(cu) - 1):  # one pass per tree: parents come before their children
+        first, deepest = cu[b], -1
+        depth = [0] * (cu[b + 1] - first)  # of each accepted node; 0: not accepted
+        for node in range(len(depth)):
+            parent = parents[first + node]
+            if matches[first + node] and (parent < 0 or depth[parent]):
+                depth[node] = 1 + (depth[parent] if parent >= 0 else 0)
+                if depth[node] > num_accepted[b]:
+                    num_accepted[b], deepest = depth[node], node
+        node = deepest
+        while node >= 0:
+            accepted_nodes[first + depth[node] - 1] = node
+            node = parents[first + node]
+        last_rows.append(starts[b] + 1 + deepest)
+    next_token = target_argmax[torch.tensor(last_rows, dtype=torch.long, device=target_argmax.device)]
+    return _long(num_accepted, cu_draft_lens), _long(accepted_nodes, cu_draft_lens), next_token
+
+
+def tree_rejection_sample(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
+                          target_probs: torch.Tensor, uniform_accept: torch.Tensor,
+                          uniform_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless speculative sampling of deterministic draft trees (SpecInfer; EAGLE's evaluate_posterior).
+
+    target_probs [N+B, V] float32: the target distribution at every row, after all logits processors;
+    uniform_accept [N], uniform_final [B]: U(0,1) draws from each sequence's own generator. From the
+    root, the children of the newest accepted node are tried in index order: child c is accepted when
+    uniform_accept[c] < p'(c), p' being the distribution at its parent's row with the children already
+    rejected there set to zero and the rest renormalised; then its own children are tried. The token
+    after the accepted path is drawn (inverse CDF, uniform_final) from p' at the path's last row: the
+    recovered token after a rejection, the bonus token otherwise. A chain gets exactly what
+    `rejection_sample` gives it from the same draws. Returns (num_accepted [B], accepted_nodes [N],
+    next_token [B]) as `tree_greedy_accept`.
+    """
+    seq_of_node, _ = _check_parents(parent_ids, cu_draft_lens)
+    row_start = target_row_offsets(cu_draft_lens)
+    p_node = target_probs[row_start[seq_of_node] + 1 + parent_ids, draft_token_ids].tolist()  # at the parent's row
+    tokens, parents, uniform = draft_token_ids.tolist(), parent_ids.tolist(), uniform_accept.tolist()
+    cu, starts = cu_draft_lens.tolist(), row_start.tolist()
+    num_accepted, accepted_nodes = [0] * (len(cu) - 1), [-1] * len(tokens)
+    final_rows, zeroed_seqs, zeroed_tokens = [], [], []
+    for b in range(len(cu) - 1):
+        path_end, left, rejected = -1, 1.0, set()  # the newest accepted node, the mass not rejected at its row
+        for node in range(cu[b], cu[b + 1]):  # a node's children all come after it, in order
+            if parents[node] != path_end or tokens[node] in rejected:  # (a repeated token has no mass left)
+                continue
+            if uniform[node] * left < p_node[node]:
+                path_end, left, rejected = node - cu[b], 1.0, set()
+                accepted_nodes[cu[b] + num_accepted[b]] = path_end
+                num_accepted[b] += 1
+            else:
+                left -= p_node[node]
+                rejected.add(tokens[node])
+        final_rows.append(starts[b] + 1 + path_end)
+        zeroed_seqs += [b] * len(rejected)
+        zeroed_tokens += sorted(rejected)
+    device = cu_draft_lens.device
+    rows = torch.tensor(final_rows, dtype=torch.long, device=device)
+    probs = target_probs[rows]  # [B, V], a copy
+    probs[torch.tensor(zeroed_seqs, dtype=torch.long, device=device),
+          torch.tensor(zeroed_tokens, dtype=torch.long, device=device)] = 0.0
+    return _long(num_accepted, cu_draft_lens), _long(accepted_nodes, cu_draft_lens), \
+        draw_residual(probs, target_probs, rows, uniform_final)
 
 
 def build_tree_attention(parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
@@ -74,29 +133,6 @@ def _ancestors_or_self(nodes: torch.Tensor, parent: torch.Tensor) -> Iterator[to
         nodes = torch.where(nodes >= 0, parent[nodes.clamp_min(0)], -1)
 
 
-def _depth_and_acceptance(matches: torch.Tensor, parent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N] each node's depth, and whether it and every ancestor match the target."""
-    depth = torch.zeros_like(parent)
-    accepted = torch.ones_like(matches)
-    for node in _ancestors_or_self(torch.arange(parent.numel(), device=parent.device), parent):
-        live = node >= 0
-        depth += live
-        accepted &= ~live | matches[node.clamp_min(0)]
-    return depth, accepted
-
-
-def _deepest_accepted(depth: torch.Tensor, accepted: torch.Tensor, seq_of_node: torch.Tensor, local: torch.Tensor,
-                      num_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B] depth and local index of each sequence's deepest accepted node (0 and -1 when none)."""
-    none = depth.numel()  # beyond every node index
-    num_accepted = depth.new_zeros(num_seqs).scatter_reduce(0, seq_of_node, torch.where(accepted, depth, 0),
-                                                            reduce="amax")
-    is_deepest = accepted & (depth == num_accepted[seq_of_node])
-    deepest = depth.new_full((num_seqs,), none).scatter_reduce(0, seq_of_node, torch.where(is_deepest, local, none),
-                                                               reduce="amin")  # ties: the lowest index
-    return num_accepted, torch.where(num_accepted > 0, deepest, -1)
-
-
 def _parent_rows(parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor) -> torch.Tensor:
     """[N+B] the global row of each row's parent; -1 for the roots."""
     seq_of_node, local = draft_layout(cu_draft_lens)
@@ -120,13 +156,5 @@ def _ancestor_mask(parent_row: torch.Tensor, cu_draft_lens: torch.Tensor) -> tor
     return mask
 
 
-def _path_slots(deepest: torch.Tensor, first: torch.Tensor, parent: torch.Tensor,
-                depth: torch.Tensor) -> torch.Tensor:
-    """[N] the path to each sequence's deepest node (local indices, by depth) in its slots, then -1."""
-    accepted_nodes = torch.full_like(parent, -1)
-    path_node = torch.where(deepest >= 0, first + deepest, -1)  # [B] global
-    for node in _ancestors_or_self(path_node, parent):
-        on_path = node >= 0
-        path_step, start = node[on_path], first[on_path]
-        accepted_nodes[start + depth[path_step] - 1] = path_step - start
-    return accepted_nodes
+def _long(values: list[int], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)

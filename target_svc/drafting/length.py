@@ -1,18 +1,20 @@
 """How much of each draft a step verifies: the draft tokens that raise the batch's goodput.
 
-A draft token is worth its reach: the chance that it and every draft token before it are accepted,
-the product of the drafter's per-token estimates p_1·p_2·…·p_i, and costs what it adds to the step
-(`StepCostModel.token_seconds`: more in a long sequence, whose keys it attends over). A step that
-verifies draft tokens with reaches r yields (decodes + Σ r) tokens in (base + Σ cost) seconds. The
-target adds the candidate tokens in order of falling reach per second (a prefix of each draft, since
-along a draft reach only falls and cost only rises) and keeps the count that maximises tokens per
-second: with many sequences in the batch a draft token must carry more of a token to pay for itself,
-and at high load none does.
+A draft token (a node of the draft tree) is worth its reach: the chance that it and every ancestor
+are accepted, the product of the drafter's per-token estimates along its path (`DraftTree.reaches`),
+and costs what it adds to the step (`StepCostModel.token_seconds`: more in a long sequence, whose keys
+it attends over, and deeper in the tree). A step that verifies draft tokens with reaches r yields
+(decodes + Σ r) tokens in (base + Σ cost) seconds. The target adds the candidate tokens in order of
+falling reach per second and keeps the count that maximises tokens per second: with many sequences in
+the batch a draft token must carry more of a token to pay for itself, and at high load none does. What
+a draft keeps is its first nodes up to the last one taken (parents come before children, so that is
+still a tree; drafters send nodes best first, so it is what was taken).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specd.drafts import DraftTree
 from target_svc.cost_model import StepCostModel, StepShape
 
 
@@ -34,35 +36,30 @@ class DraftChoice:
         return self.base_seconds + self.draft_seconds
 
 
-def reaches(probs: list[float]) -> list[float]:
-    """Each draft token's chance that it and every token before it are accepted: p_1, p_1·p_2, ..."""
-    out, reach = [], 1.0
-    for prob in probs:
-        reach *= prob
-        out.append(reach)
-    return out
-
-
-def choose_drafts(candidates: list[list[float]], cached: list[int], base: StepShape,
+def choose_drafts(candidates: list[DraftTree], cached: list[int], base: StepShape,
                   cost: StepCostModel) -> DraftChoice:
-    """Per candidate draft (one per decoding sequence, as its tokens' acceptance estimates; empty for
-    none), how many of its tokens to verify in a step whose other work is `base` (the decodes' newest
-    tokens, prompt chunks). `cached`: each candidate's sequence's cached tokens before the step (its
-    newest token goes at that position, the draft after it)."""
-    tokens = []  # (reach, seconds, candidate, position in the draft)
-    for index, (probs, start) in enumerate(zip(candidates, cached)):
-        for position, reach in enumerate(reaches(probs)):
-            tokens.append((reach, cost.token_seconds(start + 1 + position), index, position))
-    tokens.sort(key=lambda t: -t[0] / t[1])  # stable: equal ratios keep draft order, so each draft stays a prefix
+    """Per candidate draft (one per decoding sequence; empty for none), how many of its first nodes to
+    verify in a step whose other work is `base` (the decodes' newest tokens, prompt chunks). `cached`:
+    each candidate's sequence's cached tokens before the step (its newest token goes at that position,
+    the draft after it)."""
+    tokens = []  # (reach, seconds, candidate, node)
+    for index, (draft, start) in enumerate(zip(candidates, cached)):
+        for node, (reach, depth) in enumerate(zip(draft.reaches(), draft.depths())):
+            tokens.append((reach, cost.token_seconds(start + depth), index, node))
+    tokens.sort(key=lambda t: -t[0] / t[1])  # stable: equal ratios keep draft order
     base_seconds = cost.predict(base)
     expected, seconds = float(len(candidates)), base_seconds
-    best_count, best_value, best_expected = 0, expected / seconds, expected
+    best_count, best_value = 0, expected / seconds
     for count, (reach, token_seconds, _, _) in enumerate(tokens, start=1):
         expected, seconds = expected + reach, seconds + token_seconds
         if expected / seconds > best_value:
-            best_count, best_value, best_expected = count, expected / seconds, expected
-    lengths, added = [0] * len(candidates), [0.0] * len(candidates)
-    for _, token_seconds, index, position in tokens[:best_count]:
-        lengths[index] = max(lengths[index], position + 1)
-        added[index] += token_seconds
-    return DraftChoice(lengths, best_expected, base_seconds, added)
+            best_count, best_value = count, expected / seconds
+    lengths = [0] * len(candidates)
+    for _, _, index, node in tokens[:best_count]:
+        lengths[index] = max(lengths[index], node + 1)
+    expected, added = float(len(candidates)), [0.0] * len(candidates)
+    for reach, token_seconds, index, node in tokens:  # what the kept nodes yield and cost
+        if node < lengths[index]:
+            expected += reach
+            added[index] += token_seconds
+    return DraftChoice(lengths, expected, base_seconds, added)

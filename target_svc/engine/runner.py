@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,18 @@ class ModelRunner:
         input_ids, positions, logit_rows = self._flatten(batch)
         with torch.inference_mode():
             return self.model.forward(input_ids, positions, attention, logit_rows)
+
+    def keep_path(self, seq_id: str, first: int, path: Sequence[int]) -> None:
+        """A verified draft tree's accepted nodes `path` (by their index among the draft's nodes, whose
+        K/V the forward wrote from position `first` on) take positions first, first + 1, ... in the
+        cache: one `compact_kv` over every layer, only for the nodes not already in place (none for a
+        chain). The caller truncates past the path."""
+        moves = [(node, depth) for depth, node in enumerate(path) if node != depth]  # from, to past `first`
+        if not moves:
+            return
+        slots = self.allocator.slots(seq_id, first, first + max(node for node, _ in moves) + 1)
+        src, dst = (slots[torch.tensor(offsets)].to(self.device) for offsets in zip(*moves))
+        kernels.compact_kv([*self.cache.keys, *self.cache.values], src, dst)
 
     def _validate(self, batch: list[SequenceInput]) -> None:
         if not batch:

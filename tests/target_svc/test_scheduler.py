@@ -300,6 +300,40 @@ async def test_a_drafter_whose_drafts_gain_nothing_is_asked_only_now_and_then_an
         assert metric(scheduler, "specd_drafting_skipped_steps_total") == 46 - drafter.asks
 
 
+class TreeOracle(Oracle):
+    """Drafts a tree whose first branch is wrong and whose second is the reference continuation, so the
+    accepted path is never the first nodes: its K/V must move into place."""
+
+    method = "tree"
+    schema = OptionSchema(method)
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        drafts = {}
+        for seq, k in wanted:
+            right = self.outputs[seq.request_id][seq.num_output:seq.num_output + k - 1]
+            if right:
+                parents = (-1, -1, *range(1, len(right)))  # node 0: the wrong guess; nodes 1..: the right chain
+                drafts[seq.request_id] = DraftTree(((right[0] + 1) % 64, *right), parents, (0.9,) * (1 + len(right)))
+        return drafts
+
+
+async def test_tree_drafts_are_verified_in_one_pass_and_change_no_greedy_output(tiny_model_dir):
+    prompts = {f"t{i}": prompt_of(30 + i, 6 + 5 * i) for i in range(4)}
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = dict(zip(prompts, await asyncio.gather(
+            *(run_to_end(scheduler, sequence(name, p, max_tokens=24)) for name, p in prompts.items()))))
+    async with bf16_scheduler(tiny_model_dir, sources=[TreeOracle(expected)]) as scheduler:
+        speculative = SpeculativeConfig(method="tree", num_speculative_tokens=5)
+        seqs = [Sequence(name, p, SamplingParams(max_tokens=24), speculative, 24, eos_token_ids=frozenset())
+                for name, p in prompts.items()]
+        got = dict(zip(prompts, await asyncio.gather(*(run_to_end(scheduler, s) for s in seqs))))
+        assert got == expected
+        # the right branch is accepted, and each step emits more than one token
+        assert all(s.usage.accepted_draft_tokens > 0 for s in seqs)
+        assert sum(s.usage.verification_steps for s in seqs) < sum(len(tokens) for tokens in got.values())
+        assert kv_blocks_in_use(scheduler) == 0
+
+
 async def test_huge_max_tokens_hold_no_memory_until_tokens_exist(tiny_model_dir):
     async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=1024) as scheduler:
         # Each could grow to nearly the whole cache; admission used to promise it that up front.

@@ -60,3 +60,33 @@ def test_sampled_first_token_follows_the_processed_target_distribution():
     empirical = torch.bincount(first, minlength=vocab).double() / trials
     expected = to_probs(logits[:1].clone(), [params])[0].double()
     assert (empirical - expected).abs().sum() < 0.04
+
+
+def test_greedy_keeps_the_tree_branch_that_follows_the_argmax():
+    # root ─┬─ 0:3 ── 2:4
+    #       └─ 1:5 ── 3:6      rows: root, node 0, node 1, node 2, node 3
+    batch = [VerifyInput(SamplingParams(), [1], [3, 5, 4, 6], torch.Generator(), parents=[-1, -1, 0, 1])]
+    [result] = verify(_logits_favouring([5, 0, 6, 0, 2]), batch)
+    assert result.path == (1, 3) and result.tokens([3, 5, 4, 6]) == [5, 6, 2]
+
+
+def test_the_repetition_penalty_at_a_tree_row_sees_only_that_nodes_ancestors():
+    # Node 1 (token 3) is a sibling of node 0 (token 2), not an ancestor: at node 0's row token 3 is not
+    # penalised, token 2 is.
+    logits = torch.tensor([[0.0, 0, 3.0, 0, 0], [0.0, 0, 3.0, 2.0, 0], [0.0] * 5])
+    batch = [VerifyInput(SamplingParams(repetition_penalty=2.0), [0], [2, 3], torch.Generator(), parents=[-1, -1])]
+    [result] = verify(logits, batch)
+    assert result.tokens([2, 3]) == [2, 3]
+
+
+def test_sampled_tree_drafts_keep_the_first_token_on_the_processed_target_distribution():
+    vocab, trials = 8, 20000
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, 0.1], [0.0] * 8, [0.0] * 8])
+    params = SamplingParams(temperature=0.7, top_k=5, top_p=0.9)
+    gen = torch.Generator().manual_seed(4)
+    batch = [VerifyInput(params, [0], [1, 5], gen, parents=[-1, -1]) for _ in range(trials)]
+    results = verify(logits.repeat(trials, 1), batch)
+    first = torch.tensor([r.tokens([1, 5])[0] for r in results])
+    empirical = torch.bincount(first, minlength=vocab).double() / trials
+    expected = to_probs(logits[:1].clone(), [params])[0].double()
+    assert (empirical - expected).abs().sum() < 0.04

@@ -1,30 +1,38 @@
 """The target trusts a drafter's acceptance estimates as far as they have come true."""
 import pytest
 
-from target_svc.drafting.calibration import EVIDENCE_TOKENS, AcceptanceCalibration, expected_tokens
+from specd.drafts import DraftTree
+from target_svc.drafting.calibration import EVIDENCE_TOKENS, AcceptanceCalibration
 
 
-def test_a_draft_is_expected_to_yield_the_sum_of_its_reaches():
-    assert expected_tokens([0.5, 0.5, 1.0]) == pytest.approx(0.5 + 0.25 + 0.25)
-    assert expected_tokens([]) == 0
+def chain(*probs):
+    return DraftTree.chain([7] * len(probs), list(probs))
 
 
 def test_estimates_are_taken_as_they_are_until_there_is_evidence():
     calibration = AcceptanceCalibration()
-    assert calibration.corrected("ngram", [0.8, 0.8]) == [0.8, 0.8]
-    calibration.observe("ngram", [0.8, 0.8], accepted=0)  # 1.44 tokens expected: too few to judge by
+    assert calibration.corrected("ngram", chain(0.8, 0.8)) == chain(0.8, 0.8)
+    calibration.observe("ngram", chain(0.8, 0.8), accepted=0)  # 1.44 tokens expected: too few to judge by
     assert EVIDENCE_TOKENS > 1.44 and calibration.factor("ngram") == 1.0
 
 
 def test_a_drafter_whose_estimates_run_high_is_scaled_down_and_each_method_on_its_own():
     calibration = AcceptanceCalibration()
     for _ in range(50):  # each draft expected to yield 1.5 tokens, 0.75 accepted on average
-        calibration.observe("ngram", [0.75, 1.0], accepted=0)
-        calibration.observe("ngram", [0.75, 1.0], accepted=1)
-        calibration.observe("ngram", [0.75, 1.0], accepted=0)
-        calibration.observe("ngram", [0.75, 1.0], accepted=2)
-        calibration.observe("suffix", [0.5], accepted=1)
+        calibration.observe("ngram", chain(0.75, 1.0), accepted=0)
+        calibration.observe("ngram", chain(0.75, 1.0), accepted=1)
+        calibration.observe("ngram", chain(0.75, 1.0), accepted=0)
+        calibration.observe("ngram", chain(0.75, 1.0), accepted=2)
+        calibration.observe("suffix", chain(0.5), accepted=1)
     assert calibration.factor("ngram") == pytest.approx(0.5, rel=0.05)
-    corrected = calibration.corrected("ngram", [0.75, 1.0])
-    assert expected_tokens(corrected) == pytest.approx(0.75, rel=0.05)
-    assert calibration.corrected("suffix", [0.5]) == [1.0]  # estimates that ran low: raised, at most 1
+    assert sum(calibration.corrected("ngram", chain(0.75, 1.0)).reaches()) == pytest.approx(0.75, rel=0.05)
+    assert calibration.corrected("suffix", chain(0.5)).probs == (1.0,)  # estimates that ran low: raised, at most 1
+
+
+def test_a_tree_is_corrected_at_every_branch_from_the_root():
+    calibration = AcceptanceCalibration()
+    for _ in range(50):
+        calibration.observe("suffix", chain(1.0), accepted=0)
+        calibration.observe("suffix", chain(1.0), accepted=1)
+    tree = DraftTree((1, 2, 3), (-1, -1, 0), (0.6, 0.4, 0.5))
+    assert calibration.corrected("suffix", tree).reaches() == pytest.approx([0.3, 0.2, 0.15], rel=0.05)

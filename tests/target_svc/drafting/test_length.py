@@ -1,6 +1,7 @@
 """The target verifies the draft tokens that raise the batch's goodput, by its step cost model."""
 import pytest
 
+from specd.drafts import DraftTree
 from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.length import choose_drafts
 
@@ -18,8 +19,10 @@ CHEAP = linear_cost(0.020, 0.0005)  # a draft token costs 2.5% of a one-token st
 
 
 def lengths(candidates, cost=CHEAP, cached=None):
+    """Kept tokens per candidate, each a chain given as its tokens' estimates (or a DraftTree)."""
     cached = cached or [0] * len(candidates)
-    return choose_drafts(candidates, cached, StepShape.of((c, 1) for c in cached), cost).lengths
+    drafts = [c if isinstance(c, DraftTree) else DraftTree.chain([7] * len(c), c) for c in candidates]
+    return choose_drafts(drafts, cached, StepShape.of((c, 1) for c in cached), cost).lengths
 
 
 def test_alone_a_draft_is_verified_while_its_tokens_carry_more_than_they_cost():
@@ -57,8 +60,28 @@ def test_a_draft_token_of_a_long_sequence_costs_more_so_it_must_be_likelier():
 
 
 def test_the_choice_says_what_it_expects():
-    choice = choose_drafts([[1.0, 1.0], []], [0, 0], StepShape.of([(0, 1), (0, 1)]), CHEAP)
+    choice = choose_drafts([DraftTree.chain([3, 4]), DraftTree()], [0, 0], StepShape.of([(0, 1), (0, 1)]), CHEAP)
     assert choice.lengths == [2, 0]
     assert choice.expected_tokens == pytest.approx(4.0)
     assert choice.seconds == pytest.approx(0.020 + 0.0005 * 4)
     assert choice.added_seconds == pytest.approx([0.0005 * 2, 0.0])
+
+
+def test_a_tree_keeps_its_first_nodes_up_to_the_last_that_pays():
+    # root ─┬─ 0 (0.6) ── 2 (0.9) ── 4 (0.9)
+    #       └─ 1 (0.3) ── 3 (0.05)        reaches: 0.6, 0.3, 0.54, 0.015, 0.486
+    tree = DraftTree((5, 6, 7, 8, 9), (-1, -1, 0, 1, 2), (0.6, 0.3, 0.9, 0.05, 0.9))
+    assert lengths([tree]) == [5]  # node 4 pays, and node 3 comes before it: a tree is cut after its last node
+    best_first = DraftTree((5, 6, 7, 9, 8), (-1, -1, 0, 2, 1), (0.6, 0.3, 0.9, 0.9, 0.05))
+    assert lengths([best_first]) == [4]  # a drafter that sends nodes best first has only what pays verified
+
+
+def test_a_tree_node_costs_by_its_depth_not_its_place_in_the_list():
+    cost = StepCostModel()
+    for cached in (0, 1000, 4000):
+        for tokens in (1, 8, 64):
+            shape = StepShape.of([(cached, tokens)])
+            cost.observe(shape, 0.020 + 0.0005 * tokens + 0.00000025 * shape.pairs, profile=True)
+    wide = DraftTree((1, 2, 3, 4), (-1, -1, -1, -1), (0.2, 0.2, 0.2, 0.2))
+    choice = choose_drafts([wide], [4000], StepShape.of([(4000, 1)]), cost)
+    assert choice.added_seconds[0] == pytest.approx(4 * cost.token_seconds(4001))
