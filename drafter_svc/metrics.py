@@ -15,6 +15,9 @@ class DrafterMetrics:
                                registry=self.registry)
         self.tokens_held = Gauge("specd_drafter_tokens_held", "Committed tokens this drafter holds, all sequences",
                                  registry=self.registry)
+        self.proposer_state = Gauge("specd_drafter_proposer_state",
+                                    "What the proposer keeps across sequences, by kind (suffix: the global tree's "
+                                    "nodes and the requests whose outputs it holds)", ["kind"], registry=self.registry)
         self.evictions = Counter("specd_drafter_evictions",
                                  "Sequences dropped without a Release: idle too long, or the least recently used "
                                  "when over --max-sequences / --max-tokens-held", ["reason"], registry=self.registry)

@@ -20,6 +20,7 @@ class SequenceUpdate:
     sequence_id: str
     start_position: int
     appended_token_ids: list[int]
+    prompt_length: int = 0  # from position 0 only: how many of the tokens are the prompt
 
     @classmethod
     def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str) -> SequenceUpdate:
@@ -32,7 +33,10 @@ class SequenceUpdate:
             raise InvalidArgument(f"{field_prefix}.appended_token_ids",
                                   f"a sequence holds at most {MAX_DRAFTER_SEQUENCE_TOKENS} tokens, this one would "
                                   f"hold {pb.start_position + len(pb.appended_token_ids)}")
-        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids))
+        if pb.start_position == 0 and not 0 <= pb.prompt_length <= len(pb.appended_token_ids):
+            raise InvalidArgument(f"{field_prefix}.prompt_length", f"must be in 0..{len(pb.appended_token_ids)} "
+                                  f"(the tokens sent), got {pb.prompt_length}")
+        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids), pb.prompt_length)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class SequenceState:
         self.epoch = 0
         self.acceptance = AcceptanceHistory()
         self.options: dict[str, Any] = {}  # the method's options for this sequence, resolved once
+        self.prompt_length = 0  # the first tokens that are the prompt (the rest its output so far)
         # Whatever the proposer keeps per sequence (an n-gram index); it lives and dies with the sequence.
         self.proposer_state: Any = None
         self._expected: list[int] = []

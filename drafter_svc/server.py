@@ -14,12 +14,13 @@ DRAFTER_SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_n
 
 def create_service(method: str = "ngram", address: str = defaults.DRAFTER_ADDRESS,
                    metrics_address: str | None = defaults.DRAFTER_METRICS_ADDRESS,
-                   sequences: SequenceRegistry | None = None) -> Service:
+                   sequences: SequenceRegistry | None = None, proposer_args: dict | None = None) -> Service:
     """A drafter service for `method` (not started). Port 0 in either address picks a free port.
-    `sequences` bounds the per-sequence state (default: SequenceRegistry's bounds)."""
+    `sequences` bounds the per-sequence state (default: SequenceRegistry's bounds); `proposer_args`
+    are the proposer's own settings (suffix: max_cached_requests)."""
     if method not in PROPOSERS:
         raise ValueError(f"unknown drafter method {method!r}; this drafter serves {', '.join(PROPOSERS)}")
-    proposer = PROPOSERS[method]()
+    proposer = PROPOSERS[method](**(proposer_args or {}))
     metrics = DrafterMetrics(method)
     servicer = DrafterServicer(proposer, SequenceRegistry() if sequences is None else sequences, metrics)
     spec = ServiceSpec(drafter_pb2_grpc.add_DrafterServicer_to_server, servicer, DRAFTER_SERVICE_NAME)
@@ -28,6 +29,7 @@ def create_service(method: str = "ngram", address: str = defaults.DRAFTER_ADDRES
 
 async def serve(method: str = "ngram", address: str = defaults.DRAFTER_ADDRESS,
                 metrics_address: str | None = defaults.DRAFTER_METRICS_ADDRESS,
-                sequences: SequenceRegistry | None = None, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
+                sequences: SequenceRegistry | None = None, grace: float = defaults.SHUTDOWN_GRACE_S,
+                proposer_args: dict | None = None) -> None:
     """Run the drafter until SIGTERM or SIGINT, then shut down gracefully."""
-    await serve_until_signalled(create_service(method, address, metrics_address, sequences), grace)
+    await serve_until_signalled(create_service(method, address, metrics_address, sequences, proposer_args), grace)

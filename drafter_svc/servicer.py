@@ -74,9 +74,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     def _propose(self, requested: list[tuple[SequenceUpdate, int, dict | None]]) -> list[drafter_pb2.Draft]:
         states = [self._sequences.apply(update) for update, _, _ in requested]
-        for state, (_, _, options) in zip(states, requested):
+        for state, (update, _, options) in zip(states, requested):
             if state is not None and options is not None:
-                state.options = options
+                state.options, state.prompt_length = options, update.prompt_length
         batch = [DraftRequest(state, max_tokens, state.options)
                  for state, (_, max_tokens, _) in zip(states, requested) if state is not None]
         started = time.perf_counter()
@@ -103,6 +103,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             self._metrics.evictions.labels(reason).inc()
         self._metrics.sequences.set(len(self._sequences))
         self._metrics.tokens_held.set(self._sequences.tokens_held)
+        for kind, size in getattr(self._proposer, "sizes", dict)().items():
+            self._metrics.proposer_state.labels(kind).set(size)
 
     def _parse_updates(self, request: drafter_pb2.ProposeRequest
                        ) -> tuple[list[tuple[SequenceUpdate, int, dict | None]], int]:

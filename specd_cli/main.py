@@ -10,6 +10,7 @@ import sys
 import grpc
 
 from drafter_svc.proposers.registry import PROPOSERS
+from drafter_svc.proposers.suffix import MAX_CACHED_REQUESTS
 from specd import defaults
 from specd.client import SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
@@ -18,12 +19,22 @@ from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
+from specd_cli.stack import DRAFTER_METHODS
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
     "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
     "target": (defaults.TARGET_ADDRESS, defaults.TARGET_METRICS_ADDRESS),
     "drafter": (defaults.DRAFTER_ADDRESS, defaults.DRAFTER_METRICS_ADDRESS),
 }
+
+
+def _drafter_methods(value: str) -> tuple[str, ...]:
+    """An argparse type: drafter methods, comma-separated, each one a drafter service serves."""
+    methods = tuple(m.strip() for m in value.split(",") if m.strip())
+    unknown = [m for m in methods if m not in PROPOSERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no drafter serves {', '.join(unknown)} (they serve {', '.join(PROPOSERS)})")
+    return methods
 
 
 def _int_in(low: int, high: int):
@@ -158,10 +169,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="python logging level (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    up = commands.add_parser("up", help="start gateway + target + n-gram drafter on loopback, until Ctrl-C")
+    up = commands.add_parser("up", help="start gateway + target + the CPU drafters on loopback, until Ctrl-C")
     up.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     up.add_argument("--threads", type=int, default=None, help="torch threads of the target (default: torch's)")
+    up.add_argument("--drafters", default=",".join(DRAFTER_METHODS), type=_drafter_methods,
+                    help=f"the drafter services to start, comma-separated (default {','.join(DRAFTER_METHODS)})")
     _add_engine_flags(up)
     _add_scheduler_flags(up)
     up.set_defaults(run=_up)
@@ -199,6 +212,9 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="the longest one request may run, unless the client's deadline is sooner "
                               f"(default {defaults.UPSTREAM_TIMEOUT_S:g})")
     drafter.add_argument("--method", default="ngram", help="proposer to serve (default ngram)")
+    drafter.add_argument("--max-cached-requests", type=int, default=MAX_CACHED_REQUESTS,
+                         help="suffix: finished requests whose outputs the global suffix tree keeps, newest first; "
+                              f"0 turns it off (default {MAX_CACHED_REQUESTS})")
     drafter.add_argument("--max-sequences", type=int, default=defaults.DRAFTER_MAX_SEQUENCES,
                          help="sequences held at most; the least recently used beyond are dropped "
                               f"(default {defaults.DRAFTER_MAX_SEQUENCES})")
@@ -295,15 +311,17 @@ def _serve(args: argparse.Namespace) -> int:
         from drafter_svc.sequences import SequenceRegistry
         from drafter_svc.server import serve
         sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
+        proposer_args = {"max_cached_requests": args.max_cached_requests} if args.method == "suffix" else {}
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
-                          sequences=sequences, grace=args.shutdown_grace))
+                          sequences=sequences, grace=args.shutdown_grace, proposer_args=proposer_args))
     return 0
 
 
 def _up(args: argparse.Namespace) -> int:
     from specd_cli.stack import run_stack
     _engine_of(args)  # a bad value is refused here, not by the target after the others started
-    return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype, *_scheduler_args(args)])
+    return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype, *_scheduler_args(args)],
+                     args.drafters)
 
 
 def main(argv: list[str] | None = None) -> int:

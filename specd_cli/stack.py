@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,9 +23,21 @@ from specd.ports import free_ports
 # run for STABLE_AFTER_S starts over at the first.
 RESTART_BACKOFF_S = (1, 2, 4, 8, 16, 30)
 STABLE_AFTER_S = 60.0
-WHILE_DOWN = {"drafter": "requests go on draft-free meanwhile",
-              "target": "the gateway answers UNAVAILABLE meanwhile",
-              "gateway": "clients cannot connect meanwhile"}
+# Every CPU drafter; `specd up` starts them all unless told which. The first is the default
+# deployment's `method` (gateway and target fall back to it): n-gram prompt lookup.
+DRAFTER_METHODS = ("ngram", "suffix")
+
+
+def drafter_service(method: str) -> str:
+    """The service name of the drafter serving `method`, as in docker-compose.yml."""
+    return f"drafter-{method}"
+
+
+def while_down(service: str) -> str:
+    """What a client sees while `service` is down."""
+    if service.startswith("drafter-"):
+        return "requests go on draft-free meanwhile"
+    return {"target": "the gateway answers UNAVAILABLE meanwhile", "gateway": "clients cannot connect meanwhile"}[service]
 
 
 def _port(address: str) -> int:
@@ -34,46 +46,61 @@ def _port(address: str) -> int:
 
 @dataclass
 class StackPorts:
-    """Each service's gRPC and /metrics port: by default those `specd serve` listens on."""
-    gateway: int = _port(defaults.GATEWAY_ADDRESS)
-    target: int = _port(defaults.TARGET_ADDRESS)
-    drafter: int = _port(defaults.DRAFTER_ADDRESS)
-    gateway_metrics: int = _port(defaults.GATEWAY_METRICS_ADDRESS)
-    target_metrics: int = _port(defaults.TARGET_METRICS_ADDRESS)
-    drafter_metrics: int = _port(defaults.DRAFTER_METRICS_ADDRESS)
+    """Each service's gRPC and /metrics port, by service name: by default those `specd serve` listens
+    on, the drafters' one after another from the drafter's default."""
+    grpc: dict[str, int] = field(default_factory=lambda: {
+        "gateway": _port(defaults.GATEWAY_ADDRESS), "target": _port(defaults.TARGET_ADDRESS),
+        **{drafter_service(m): _port(defaults.DRAFTER_ADDRESS) + i for i, m in enumerate(DRAFTER_METHODS)}})
+    metrics: dict[str, int] = field(default_factory=lambda: {
+        "gateway": _port(defaults.GATEWAY_METRICS_ADDRESS), "target": _port(defaults.TARGET_METRICS_ADDRESS),
+        **{drafter_service(m): _port(defaults.DRAFTER_METRICS_ADDRESS) + i for i, m in enumerate(DRAFTER_METHODS)}})
 
     @classmethod
     def free(cls) -> StackPorts:
         """Free ports for every service: a stack beside any other (tests, benchmarks)."""
-        return cls(*free_ports(len(fields(cls))))
+        services = ["gateway", "target", *map(drafter_service, DRAFTER_METHODS)]
+        ports = iter(free_ports(2 * len(services)))
+        return cls({s: next(ports) for s in services}, {s: next(ports) for s in services})
 
 
 @dataclass
 class Stack:
-    """gateway + target + n-gram drafter as child processes; `supervise` restarts any that dies."""
+    """gateway + target + a drafter service per method as child processes; `supervise` restarts any
+    that dies."""
     model: str = DEFAULT_MODEL
     ports: StackPorts = field(default_factory=StackPorts)
+    drafters: tuple[str, ...] = DRAFTER_METHODS
     host: str = "127.0.0.1"
     threads: int | None = None
     extra_target_args: list[str] = field(default_factory=list)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def services(self) -> list[str]:
+        """In start order: the drafters, the target, the gateway."""
+        return [*map(drafter_service, self.drafters), "target", "gateway"]
+
+    def services_of(self, role: str) -> list[str]:
+        """The services that run `specd serve ROLE` (every drafter-METHOD for "drafter")."""
+        return [s for s in self.services if s == role or s.startswith(f"{role}-")]
+
     def address(self, service: str) -> str:
-        return f"{self.host}:{getattr(self.ports, service)}"
+        return f"{self.host}:{self.ports.grpc[service]}"
 
     def metrics_url(self, service: str) -> str:
-        return f"http://{self.host}:{getattr(self.ports, service + '_metrics')}/metrics"
+        return f"http://{self.host}:{self.ports.metrics[service]}/metrics"
 
     def command(self, service: str) -> list[str]:
-        base = [sys.executable, "-m", "specd_cli.main", "serve", service, "--listen", self.address(service),
-                "--metrics-listen", f"{self.host}:{getattr(self.ports, service + '_metrics')}"]
-        if service == "drafter":
-            return [*base, "--method", "ngram"]
+        role = "drafter" if service.startswith("drafter-") else service
+        base = [sys.executable, "-m", "specd_cli.main", "serve", role, "--listen", self.address(service),
+                "--metrics-listen", f"{self.host}:{self.ports.metrics[service]}"]
+        if role == "drafter":
+            return [*base, "--method", service.removeprefix("drafter-")]
         if service == "target":
             threads = ["--threads", str(self.threads)] if self.threads else []
-            return [*base, "--model", self.model, "--drafter", f"ngram={self.address('drafter')}",
-                    *threads, *self.extra_target_args]
+            drafters = [arg for m in self.drafters for arg in ("--drafter", f"{m}={self.address(drafter_service(m))}")]
+            return [*base, "--model", self.model, *drafters, *threads, *self.extra_target_args]
         return [*base, "--model", self.model, "--target", self.address("target")]
 
     def start(self, service: str) -> None:
@@ -83,10 +110,10 @@ class Stack:
     def up(self, timeout_s: float = 300.0) -> None:
         """Start every service and wait until each reports SERVING."""
         resolve_model(self.model)  # convert once here, not racing in two services
-        for service in ("drafter", "target", "gateway"):
+        for service in self.services:
             self.start(service)
         deadline = time.monotonic() + timeout_s
-        for service in ("drafter", "target", "gateway"):
+        for service in self.services:
             self.wait_healthy(service, deadline)
 
     def wait_healthy(self, service: str, deadline: float) -> None:
@@ -136,15 +163,16 @@ class Stack:
                     failures[service] += 1
                     restart_due[service] = now + delay
                     print(f"specd: {service} exited with code {proc.returncode}; restarting it in {delay:g} s "
-                          f"({WHILE_DOWN[service]})", file=sys.stderr, flush=True)
+                          f"({while_down(service)})", file=sys.stderr, flush=True)
                 elif now >= restart_due[service]:
                     del restart_due[service]
                     self.start(service)
         self.down()
 
 
-def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None) -> int:
-    stack = Stack(model=model, threads=threads, extra_target_args=target_args or [])
+def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None,
+              drafters: tuple[str, ...] = DRAFTER_METHODS) -> int:
+    stack = Stack(model=model, threads=threads, extra_target_args=target_args or [], drafters=drafters)
     try:
         stack.up()
     except (RuntimeError, TimeoutError) as err:
@@ -152,8 +180,8 @@ def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_arg
         stack.down()
         return 1
     print("specd is up:")
-    for service in ("gateway", "target", "drafter"):
-        print(f"  {service:8} grpc {stack.address(service):18} metrics {stack.metrics_url(service)}")
+    for service in reversed(stack.services):
+        print(f"  {service:14} grpc {stack.address(service):18} metrics {stack.metrics_url(service)}")
     print('try:  specd generate --chat "Write a haiku about speculative decoding"', flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -31,3 +31,6 @@ class Proposer(Protocol):
 
     def release(self, sequence: SequenceState) -> None:
         """The sequence finished (or was evicted); a proposer that learns across sequences learns here."""
+
+    # Optional: `sizes() -> dict[str, int]`, what the proposer keeps across sequences by kind, exported
+    # as the specd_drafter_proposer_state gauge.

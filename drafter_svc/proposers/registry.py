@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from drafter_svc.proposers.base import Proposer
 from drafter_svc.proposers.ngram import NgramProposer
+from drafter_svc.proposers.suffix import SuffixProposer
 
 PROPOSERS: dict[str, type[Proposer]] = {}
 
@@ -14,3 +15,4 @@ def register(proposer: type[Proposer]) -> type[Proposer]:
 
 
 register(NgramProposer)
+register(SuffixProposer)

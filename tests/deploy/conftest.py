@@ -91,7 +91,7 @@ async def _send_requests(address: str) -> None:
 
 @pytest.fixture(scope="package")
 def stack():
-    """gateway + target + n-gram drafter on free loopback ports, after a few requests."""
+    """gateway + target + the drafters on free loopback ports, after a few requests."""
     stack = Stack(ports=StackPorts.free(), threads=2)
     try:
         stack.up()
@@ -107,4 +107,4 @@ def scrapes(stack) -> dict[str, list]:
     def families(url):
         with urllib.request.urlopen(url, timeout=5) as response:
             return list(text_string_to_metric_families(response.read().decode()))
-    return {role: families(stack.metrics_url(role)) for role in SPECD_ROLES}
+    return {role: families(stack.metrics_url(stack.services_of(role)[0])) for role in SPECD_ROLES}

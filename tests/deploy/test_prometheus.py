@@ -67,7 +67,8 @@ def prometheus(stack, prometheus_config, tmp_path_factory):
         "rule_files": [str(PROMETHEUS_DIR / name) for name in prometheus_config["rule_files"]],
         # The job names are the service roles; only the addresses change, from compose's to the stack's.
         "scrape_configs": [{"job_name": job["job_name"], "static_configs": [
-            {"targets": [stack.metrics_url(job["job_name"]).removeprefix("http://").removesuffix("/metrics")]}]}
+            {"targets": [stack.metrics_url(service).removeprefix("http://").removesuffix("/metrics")
+                         for service in stack.services_of(job["job_name"])]}]}
             for job in prometheus_config["scrape_configs"]],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))

@@ -20,7 +20,7 @@ def test_top_once_shows_the_running_stack(stack):
     result = subprocess.run([sys.executable, "-m", "specd_cli.main", "top", "--once", "--interval", "0.5",
                              "--target-metrics", stack.metrics_url("target"),
                              "--gateway-metrics", stack.metrics_url("gateway"),
-                             "--drafter-metrics", stack.metrics_url("drafter")],
+                             "--drafter-metrics", stack.metrics_url("drafter-ngram")],
                             capture_output=True, text=True, timeout=60, check=True)
     assert "unreachable" not in result.stdout
     methods = _table(result.stdout, "method")

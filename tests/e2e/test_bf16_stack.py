@@ -1,5 +1,5 @@
-"""End to end in bf16: greedy n-gram speculation is token for token the output without it, while
-the other requests share the batch (the engine's logits are batch invariant)."""
+"""End to end in bf16: greedy speculation (n-gram chains, suffix trees) is token for token the output
+without it, while the other requests share the batch (the engine's logits are batch invariant)."""
 import asyncio
 
 import pytest
@@ -27,10 +27,10 @@ async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:
     return token_ids
 
 
-async def test_bf16_greedy_ngram_in_a_crowd_equals_none_alone(bf16_stack):
+async def test_bf16_greedy_speculation_in_a_crowd_equals_none_alone(bf16_stack):
+    methods = ("ngram", "suffix", "none")
     async with SpecdClient(bf16_stack.address("gateway")) as client:
         alone = [await _tokens(client, prompt, "none") for prompt in PROMPTS]
-        crowded = await asyncio.gather(*(_tokens(client, prompt, method)
-                                         for prompt in PROMPTS for method in ("ngram", "none")))
-    assert crowded[0::2] == alone  # ngram, each beside five other requests
-    assert crowded[1::2] == alone  # none, likewise
+        crowded = await asyncio.gather(*(_tokens(client, prompt, method) for prompt in PROMPTS for method in methods))
+    for i, method in enumerate(methods):  # each beside eight other requests
+        assert crowded[i::len(methods)] == alone, method

@@ -124,7 +124,7 @@ async def test_a_frozen_target_ends_streams_and_requests_and_the_gateway_reports
 
 
 async def test_a_release_lost_while_the_drafter_was_frozen_reaches_it_later(stack):
-    drafter = stack.processes["drafter"]
+    drafter = stack.processes["drafter-ngram"]
     async with SpecdClient(stack.address("gateway")) as client:
         call = client.generate(chat_request(max_tokens=30), timeout=120)
         await call.read()
@@ -135,7 +135,7 @@ async def test_a_release_lost_while_the_drafter_was_frozen_reaches_it_later(stac
             await asyncio.sleep(1.5)
         finally:
             drafter.send_signal(signal.SIGCONT)
-    assert await eventually(lambda: _value_is(stack, "drafter", "specd_drafter_sequences", 0), 20)
+    assert await eventually(lambda: _value_is(stack, "drafter-ngram", "specd_drafter_sequences", 0), 20)
 
 
 async def test_a_target_that_dies_is_restarted_and_the_stack_serves_again(stack):

@@ -1,4 +1,4 @@
-"""End to end: client → gateway → target → n-gram drafter, real model, real processes."""
+"""End to end: client → gateway → target → drafters (n-gram, suffix), real model, real processes."""
 import json
 import re
 import subprocess
@@ -52,15 +52,26 @@ def transformers_greedy():
     return outputs
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
 @pytest.mark.parametrize("prompt", CHAT_PROMPTS)
-async def test_greedy_ngram_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt):
+async def test_greedy_speculation_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt, method):
     address = stack.address("gateway")
     _, plain_ids, plain_last = await _chat(address, prompt, "none")
-    text, ngram_ids, ngram_last = await _chat(address, prompt, "ngram")
-    assert ngram_ids == plain_ids == transformers_greedy[prompt]
+    text, ids, last = await _chat(address, prompt, method)
+    assert ids == plain_ids == transformers_greedy[prompt]
     assert text
     assert plain_last.usage.draft_tokens == 0
-    assert ngram_last.usage.completion_tokens == len(ngram_ids)
+    assert last.usage.completion_tokens == len(ids)
+
+
+async def test_the_suffix_drafter_drafts_a_second_request_from_the_first_ones_output(stack):
+    prompt = "Name four planets of the solar system and one fact about each."  # no repetition of its own
+    _, first_ids, first = await _chat(stack.address("gateway"), prompt, "suffix")
+    _, second_ids, second = await _chat(stack.address("gateway"), prompt, "suffix")
+    assert second_ids == first_ids
+    # the first output is in the global tree now: most of the second is drafted and accepted from it
+    assert second.usage.accepted_draft_tokens > max(first.usage.accepted_draft_tokens, len(second_ids) // 2)
+    assert second.usage.verification_steps < first.usage.verification_steps
 
 
 async def test_killing_the_drafter_mid_generation_does_not_fail_the_request(stack):
@@ -73,11 +84,11 @@ async def test_killing_the_drafter_mid_generation_does_not_fail_the_request(stac
     async with SpecdClient(address) as client:
         async for chunk in client.generate(request, timeout=300):
             if not tokens:
-                stack.kill("drafter")
+                stack.kill("drafter-ngram")
             tokens.extend(chunk.token_ids)
     assert tokens == expected
-    stack.start("drafter")  # later tests get their drafter back
-    stack.wait_healthy("drafter", deadline=time.monotonic() + 60)
+    stack.start("drafter-ngram")  # later tests get their drafter back
+    stack.wait_healthy("drafter-ngram", deadline=time.monotonic() + 60)
 
 
 def _scrape(url):
@@ -92,14 +103,14 @@ def _value(metrics_text, name, **labels):
 
 
 async def test_metrics_of_every_service_move_with_requests(stack):
-    before = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter")}
+    before = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter-ngram")}
     await _chat(stack.address("gateway"), CHAT_PROMPTS[0], "ngram", max_tokens=16)
-    after = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter")}
+    after = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter-ngram")}
     moved = {
         ("target", "specd_verification_steps_total"): dict(method="ngram"),
         ("target", "specd_output_tokens_total"): dict(method="ngram"),
         ("target", "specd_time_to_first_token_seconds_count"): dict(method="ngram"),
-        ("drafter", "specd_drafter_proposals_total"): dict(method="ngram"),
+        ("drafter-ngram", "specd_drafter_proposals_total"): dict(method="ngram"),
         ("gateway", "specd_rpc_requests_total"): dict(rpc_method="Generate", code="OK"),
         ("gateway", "specd_gateway_completion_tokens_total"): {},
     }

@@ -1,0 +1,113 @@
+"""Suffix decoding: the counting suffix tree, the best-first expansion, and the proposer's two trees."""
+import pytest
+
+from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.proposers.suffix import SuffixProposer, SuffixTree, speculate
+from drafter_svc.sequences import SequenceState
+
+
+def count(tree: SuffixTree, substring: list[int]) -> int:
+    node = tree.root
+    for token in substring:
+        node = node.child(token)
+        if node is None:
+            return 0
+    return node.count
+
+
+def test_the_tree_counts_every_substring_up_to_its_depth():
+    tree = SuffixTree(depth=3)
+    tree.add([1, 2, 1, 2, 3])
+    assert count(tree, [1]) == 2 and count(tree, [1, 2]) == 2 and count(tree, [2, 1, 2]) == 1
+    assert count(tree, [1, 2, 3]) == 1 and count(tree, [2, 3]) == 1
+    assert count(tree, [1, 2, 1, 2]) == 0  # deeper than the tree
+
+
+def test_removing_a_text_uncounts_it_and_drops_what_only_it_held():
+    tree = SuffixTree(depth=4)
+    tree.add([1, 2, 3])
+    nodes = tree.num_nodes
+    tree.add([1, 2, 4])
+    tree.remove([1, 2, 4])
+    assert tree.num_nodes == nodes and count(tree, [1, 2]) == 1 and count(tree, [2, 4]) == 0
+    tree.remove([1, 2, 3])
+    assert tree.num_nodes == 0 and not tree.root.children
+
+
+def test_matches_are_every_suffix_of_the_text_found_in_the_tree():
+    tree = SuffixTree()
+    tree.add([5, 6, 7, 8])
+    assert [n for n, _ in tree.matches([9, 6, 7], longest=8)] == [1, 2]
+    assert tree.matches([9, 6, 7], longest=1)[0][1] is tree.root.children[7]
+
+
+def test_continuations_are_proposed_best_first_with_their_count_shares():
+    tree = SuffixTree()
+    for text in ([1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 5]):
+        tree.add(text)
+    found = speculate(tree.root.children[1], budget=8, min_token_prob=0.1, tree_mode=True, max_depth=8)
+    draft = found.draft
+    # after 1: 2 three times in four, 5 once; after 1 2: 3 twice in three, 4 once
+    assert draft.token_ids == (2, 3, 5, 4) and draft.parents == (-1, 0, -1, 0)  # ties: first offered first
+    assert draft.reaches() == pytest.approx([0.75, 0.5, 0.25, 0.25])
+    assert found.score == pytest.approx(1.75)
+
+
+def test_path_mode_follows_the_likeliest_child_and_unlikely_paths_are_not_drafted():
+    tree = SuffixTree()
+    for text in ([1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 5]):
+        tree.add(text)
+    chain = speculate(tree.root.children[1], budget=8, min_token_prob=0.1, tree_mode=False, max_depth=8).draft
+    assert chain.token_ids == (2, 3) and chain.is_chain
+    likely = speculate(tree.root.children[1], budget=8, min_token_prob=0.4, tree_mode=True, max_depth=8).draft
+    assert likely.token_ids == (2, 3)  # 4 and 5 are a quarter likely
+
+
+def request(tokens, prompt_length=0, max_tokens=8, **options):
+    state = SequenceState("s")
+    state.tokens, state.prompt_length = list(tokens), prompt_length
+    state.options = SuffixProposer.schema.resolve(options)
+    return DraftRequest(state, max_tokens, state.options)
+
+
+def test_a_request_is_drafted_from_its_own_text():
+    proposer = SuffixProposer()
+    [draft] = proposer.propose([request([7, 1, 2, 3, 4, 5, 9, 1, 2, 3])])
+    assert draft.token_ids == (4, 5, 9)  # after "1 2 3": a 3-token match earns up to 3 tokens
+
+
+def test_a_longer_match_earns_a_longer_draft_and_the_budget_follows_the_options():
+    text = [7, 1, 2, 3, 4, 5, 6, 9, 3]
+    proposer = SuffixProposer()
+    assert len(proposer.propose([request(text)])[0]) == 1  # one matched token: one draft token
+    assert len(proposer.propose([request(text, max_spec_offset=3)])[0]) == 4
+    assert len(proposer.propose([request(text, max_spec_offset=3, max_tokens=2)])[0]) == 2
+
+
+def test_outputs_of_finished_requests_draft_for_later_ones_but_their_prompts_do_not():
+    proposer = SuffixProposer()
+    finished = request([40, 41, 42, 10, 11, 12, 13, 14, 15], prompt_length=3).sequence
+    proposer.release(finished)
+    assert proposer.sizes()["global_tree_requests"] == 1
+    [draft] = proposer.propose([request([1, 2, 10, 11, 12])])
+    assert draft.token_ids[:3] == (13, 14, 15)
+    assert not proposer.propose([request([1, 2, 40, 41])])[0]  # the prompt stayed out
+
+
+def test_the_global_tree_keeps_only_the_newest_outputs():
+    proposer = SuffixProposer(max_cached_requests=2)
+    for first in (10, 20, 30):
+        proposer.release(request([first, first + 1, first + 2]).sequence)
+    assert proposer.sizes()["global_tree_requests"] == 2
+    assert not proposer.propose([request([5, 10, 11])])[0]  # the oldest went
+    assert proposer.propose([request([5, 30, 31])])[0].token_ids == (32,)
+    assert not SuffixProposer(max_cached_requests=0).sizes()["global_tree_nodes"]
+
+
+def test_a_request_holding_its_text_grows_its_tree_as_tokens_arrive():
+    proposer = SuffixProposer()
+    req = request([7, 1, 2, 3, 9])
+    proposer.propose([req])
+    req.sequence.tokens += [1, 2]
+    [draft] = proposer.propose([req])
+    assert draft.token_ids == (3, 9)
