@@ -37,7 +37,8 @@ def while_down(service: str) -> str:
     """What a client sees while `service` is down."""
     if service.startswith("drafter-"):
         return "requests go on draft-free meanwhile"
-    return {"target": "the gateway answers UNAVAILABLE meanwhile", "gateway": "clients cannot connect meanwhile"}[service]
+    return {"target": "the gateway answers UNAVAILABLE meanwhile",
+            "gateway": "clients cannot connect meanwhile"}[service]
 
 
 def _port(address: str) -> int:

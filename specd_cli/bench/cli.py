@@ -91,6 +91,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     spec_flags.add_argument("--baselines", type=_baselines, default=list(BASELINE_SYSTEMS),
                             help="transformers generate: hf (plain) and hf-lookup (prompt lookup); '' for none "
                                  "(default hf,hf-lookup)")
+    spec_flags.add_argument("--passes", type=int, default=1,
+                            help="run the speculative methods over the prompts this many times; later passes "
+                                 "show what drafters learned from the earlier ones (default 1)")
     spec_flags.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
                             help="draft length of the hf-lookup baseline (default 10)")
     spec.set_defaults(run=run_spec)
@@ -160,7 +163,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs") as stack:
         settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
-                                args.seed, args.max_tokens, args.warmup, args.timeout)
+                                args.seed, args.max_tokens, args.warmup, args.timeout, args.passes)
         baselines = None
         if args.baselines:
             import torch
@@ -178,7 +181,7 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
     from specd_cli.bench import plots, report, results, stats
 
     references = ["none", *settings.baselines]
-    summaries = stats.summarize_spec(records, settings.systems, references)
+    summaries = stats.summarize_spec(records, settings.reported_systems, references)
     created = datetime.datetime.now().isoformat(timespec="seconds")
     machine, git = results.machine_info(threads), results.git_info()
     chosen = (f" in {','.join(args.categories)}" if args.categories else "") + \

@@ -2,7 +2,10 @@
 
 The systems run back to back on the same prompt, in an order rotated per
 prompt, so machine drift and cache warmth hit all of them alike. Baselines run
-in this process between specd requests, never at the same time as one.
+in this process between specd requests, never at the same time as one. Later
+passes (`passes` > 1) run the speculative methods over the same prompts again,
+reported as "METHOD pass N": what drafters that learn across requests (suffix
+decoding's global tree) learned from the first.
 """
 from __future__ import annotations
 
@@ -33,10 +36,25 @@ class SpecSettings:
     max_tokens: int
     warmup: int  # requests per system and temperature before measuring; excluded from the results
     timeout_s: float
+    passes: int = 1
 
     @property
     def systems(self) -> list[str]:
+        """What runs in the first pass."""
         return [*self.methods, *self.baselines]
+
+    @property
+    def repeated(self) -> list[str]:
+        """What runs again in later passes: the speculative methods."""
+        return [m for m in self.methods if m != "none"]
+
+    @property
+    def reported_systems(self) -> list[str]:
+        return [*self.systems, *(pass_label(m, p) for p in range(2, self.passes + 1) for m in self.repeated)]
+
+
+def pass_label(method: str, number: int) -> str:
+    return f"{method} pass {number}"
 
 
 def rotated(items: list[str], shift: int) -> list[str]:
@@ -67,14 +85,19 @@ class SpecRunner:
     async def run(self, prompts: list[Prompt]) -> list[RequestRecord]:
         s = self.settings
         records = []
-        with tqdm(total=len(s.temperatures) * len(prompts) * len(s.systems), unit="req", desc="bench spec",
-                  dynamic_ncols=True) as bar:
-            for temperature in s.temperatures:
-                for index, prompt in enumerate(prompts):
-                    # One seed per prompt, shared by every system: the same random stream for each.
-                    seed = s.seed + index if temperature > 0 else None
-                    for system in rotated(s.systems, index):
-                        bar.set_postfix_str(f"T={temperature:g} {prompt.category} {system}")
-                        records.append(await self.run_one(system, prompt, temperature, seed))
-                        bar.update()
+        total = len(s.temperatures) * len(prompts) * (len(s.systems) + (s.passes - 1) * len(s.repeated))
+        with tqdm(total=total, unit="req", desc="bench spec", dynamic_ncols=True) as bar:
+            for number in range(1, s.passes + 1):
+                systems = s.systems if number == 1 else s.repeated
+                for temperature in s.temperatures:
+                    for index, prompt in enumerate(prompts):
+                        # One seed per prompt, shared by every system: the same random stream for each.
+                        seed = s.seed + index if temperature > 0 else None
+                        for system in rotated(systems, index):
+                            bar.set_postfix_str(f"pass {number} T={temperature:g} {prompt.category} {system}")
+                            record = await self.run_one(system, prompt, temperature, seed)
+                            if number > 1:
+                                record.system = pass_label(system, number)
+                            records.append(record)
+                            bar.update()
         return records

@@ -117,6 +117,15 @@ async def test_spec_run_sends_every_prompt_to_every_system_back_to_back_in_rotat
     assert {r.max_tokens for r in records} == {16}
 
 
+async def test_a_second_pass_runs_the_speculative_methods_again_under_their_own_label():
+    settings = spec_settings(methods=["none", "ngram", "suffix"], temperatures=[0.0], passes=2)
+    records = await SpecRunner(FakeGateway(), settings, FakeBaselines()).run(PROMPTS[:2])
+    assert len(records) == 2 * 4 + 2 * 2
+    assert {(r.prompt_id, r.system) for r in records[8:]} == {
+        (p, f"{m} pass 2") for p in ("0", "1") for m in ("ngram", "suffix")}
+    assert settings.reported_systems == ["none", "ngram", "suffix", "hf", "ngram pass 2", "suffix pass 2"]
+
+
 async def test_sampled_requests_share_one_seed_per_prompt_and_greedy_ones_have_none():
     records = await SpecRunner(FakeGateway(), spec_settings(), FakeBaselines()).run(PROMPTS[:2])
     assert {r.seed for r in records if r.temperature == 0} == {None}
