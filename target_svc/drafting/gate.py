@@ -11,13 +11,16 @@ What a sequence is expected to gain is its own mean, drifting back to what asks 
 any sequence (`typical_gain`) while it goes unasked: its text may have turned repetitive since. A
 sequence never asked is expected to gain the typical. So a batch of sequences whose drafts do not pay
 is asked rarely, one whole batch at a time, and never for a single newcomer's sake; and a step asks
-anyway when none has for PROBE_EVERY steps, so that the typical gain itself stays current.
+anyway when none has for PROBE_EVERY steps, so that the typical gain itself stays current. Until asks
+have gained TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat comes a few
+steps in, and a first empty answer says little about what asks gain.
 """
 from __future__ import annotations
 
 from target_svc.sequence import Sequence
 
 PROBE_EVERY = 8
+TYPICAL_EVIDENCE = 16  # sequence-asks before their typical gain is trusted
 SMOOTHING = 0.25  # weight of a sequence's newest asked step in its mean gain, and of an ask's round trip
 
 
@@ -25,6 +28,7 @@ class DraftingGate:
     def __init__(self):
         self.round_trip: float | None = None  # seconds an ask takes, a moving mean; None before the first
         self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
+        self.evidence = 0  # sequence-asks the typical gain has seen
         self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
 
     def expected_gain(self, seq: Sequence) -> float:
@@ -39,7 +43,7 @@ class DraftingGate:
         having taken `step_seconds`."""
         if not wanting:
             return False
-        if self.round_trip is None or self.typical_gain is None or self.unasked_steps >= PROBE_EVERY:
+        if self.round_trip is None or self.evidence < TYPICAL_EVIDENCE or self.unasked_steps >= PROBE_EVERY:
             return True
         decoded_meanwhile = self.round_trip * decodes / step_seconds if step_seconds > 0 else 0.0
         return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
@@ -53,6 +57,7 @@ class DraftingGate:
             seq.unasked_steps = 0
             seq.draft_gain = _moved(seq.draft_gain, tokens)
             self.typical_gain = _moved(self.typical_gain, tokens)
+        self.evidence += len(gains)
 
     def skipped(self, wanting: list[Sequence]) -> None:
         self.unasked_steps += 1

@@ -13,7 +13,7 @@ from specd.options import OptionSchema
 from specd.types import SamplingParams, SpeculativeConfig
 from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.drafters import Drafters
-from target_svc.drafting.gate import PROBE_EVERY
+from target_svc.drafting.gate import PROBE_EVERY, TYPICAL_EVIDENCE
 from target_svc.metrics import TargetMetrics
 from target_svc.engine.config import EngineConfig
 from target_svc.engine.runner import ModelRunner
@@ -295,8 +295,8 @@ async def test_a_drafter_whose_drafts_gain_nothing_is_asked_only_now_and_then_an
         got = await run_to_end(scheduler, seq)
         assert got == expected
         # 46 decoding steps could take drafts (the last one's single token ends the request): asked at the
-        # first, then once PROBE_EVERY steps have passed unasked
-        assert drafter.asks <= 1 + 46 // (PROBE_EVERY + 1)
+        # first TYPICAL_EVIDENCE, then once PROBE_EVERY steps have passed unasked
+        assert drafter.asks <= TYPICAL_EVIDENCE + 1 + (46 - TYPICAL_EVIDENCE) // (PROBE_EVERY + 1)
         assert metric(scheduler, "specd_drafting_skipped_steps_total") == 46 - drafter.asks
 
 

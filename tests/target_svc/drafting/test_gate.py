@@ -2,7 +2,7 @@
 less what verifying them cost) is worth the round trip; a batch left unasked is asked again every few
 steps."""
 from specd.types import SamplingParams, SpeculativeConfig
-from target_svc.drafting.gate import PROBE_EVERY, DraftingGate
+from target_svc.drafting.gate import PROBE_EVERY, TYPICAL_EVIDENCE, DraftingGate
 from target_svc.sequence import Sequence
 
 
@@ -11,12 +11,27 @@ def sequence(name: str) -> Sequence:
                     eos_token_ids=frozenset())
 
 
+def seasoned() -> DraftingGate:
+    """A gate that has seen enough asks to go by the typical gain."""
+    gate = DraftingGate()
+    gate.evidence = TYPICAL_EVIDENCE
+    return gate
+
+
 def test_a_sequence_never_asked_is_asked():
     assert DraftingGate().worth_asking([sequence("a")], decodes=1, step_seconds=0.015)
 
 
-def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
+def test_until_asks_have_shown_what_they_gain_every_step_asks():
     gate, seq = DraftingGate(), sequence("a")
+    for _ in range(TYPICAL_EVIDENCE):  # empty answers early on: the text has not repeated yet
+        assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        gate.asked(0.002, [(seq, 0.0)])
+    assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+
+
+def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
+    gate, seq = seasoned(), sequence("a")
     gate.asked(0.002, [(seq, 0)])
     for _ in range(PROBE_EVERY):
         assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
@@ -25,7 +40,7 @@ def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
 
 
 def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
-    gate, seqs = DraftingGate(), [sequence("a"), sequence("b")]
+    gate, seqs = seasoned(), [sequence("a"), sequence("b")]
     gate.asked(0.002, [(seqs[0], 1), (seqs[1], 0)])
     # one token between two sequences each step, against 2 ms of a 15 ms step of two (0.27 tokens)
     assert gate.worth_asking(seqs, decodes=2, step_seconds=0.015)
@@ -39,7 +54,7 @@ def test_nothing_to_ask_for_is_not_asked():
 
 
 def test_an_ask_with_nothing_on_offer_gains_nothing():
-    gate, seq = DraftingGate(), sequence("a")
+    gate, seq = seasoned(), sequence("a")
     gate.asked(0.002, [(seq, 3.0)])
     for _ in range(12):  # the round trip was paid each time, for no draft
         gate.asked(0.002, [(seq, 0.0)])
@@ -47,7 +62,7 @@ def test_an_ask_with_nothing_on_offer_gains_nothing():
 
 
 def test_a_newcomer_is_expected_to_gain_what_asks_typically_gain():
-    gate, old = DraftingGate(), [sequence(name) for name in "abc"]
+    gate, old = seasoned(), [sequence(name) for name in "abc"]
     gate.asked(0.002, [(seq, gain) for seq, gain in zip(old, [0.0, 0.0, 1.5])])
     newcomer = sequence("new")
     assert gate.expected_gain(newcomer) == gate.typical_gain
@@ -56,7 +71,7 @@ def test_a_newcomer_is_expected_to_gain_what_asks_typically_gain():
 
 
 def test_a_sequence_left_unasked_is_expected_to_gain_more_like_the_typical_each_step():
-    gate, dull, lively = DraftingGate(), sequence("dull"), sequence("lively")
+    gate, dull, lively = seasoned(), sequence("dull"), sequence("lively")
     gate.asked(0.002, [(dull, 0.0), (lively, 4.0)])
     before = gate.expected_gain(dull)
     gate.skipped([dull])
@@ -65,7 +80,7 @@ def test_a_sequence_left_unasked_is_expected_to_gain_more_like_the_typical_each_
 
 
 def test_drafts_that_cost_the_batch_what_they_gain_are_not_worth_a_round_trip():
-    gate, seqs = DraftingGate(), [sequence(name) for name in "abcd"]
+    gate, seqs = seasoned(), [sequence(name) for name in "abcd"]
     # each draft had 2 tokens accepted, but verifying it cost the batch 1.9 tokens' time
     gate.asked(0.002, [(seq, 2 - 1.9) for seq in seqs])
     # 0.4 tokens gained, against 2 ms of a 15 ms step of four (0.53 tokens)
