@@ -25,7 +25,7 @@ RESTART_BACKOFF_S = (1, 2, 4, 8, 16, 30)
 STABLE_AFTER_S = 60.0
 # Every CPU drafter; `specd up` starts them all unless told which. The first is the default
 # deployment's `method` (gateway and target fall back to it): n-gram prompt lookup.
-DRAFTER_METHODS = ("ngram", "suffix")
+DRAFTER_METHODS = ("ngram", "suffix", "trie")
 
 
 def drafter_service(method: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from drafter_svc.proposers.base import Proposer
 from drafter_svc.proposers.ngram import NgramProposer
 from drafter_svc.proposers.suffix import SuffixProposer
+from drafter_svc.proposers.trie import TrieProposer
 
 PROPOSERS: dict[str, type[Proposer]] = {}
 
@@ -16,3 +17,4 @@ def register(proposer: type[Proposer]) -> type[Proposer]:
 
 register(NgramProposer)
 register(SuffixProposer)
+register(TrieProposer)

@@ -11,8 +11,10 @@ from __future__ import annotations
 from specd.drafts import ROOT, DraftTree
 
 RECENT_DRAFTS = 256
-# Until a method's drafts were expected to yield this many tokens, its estimates are taken as they are.
-EVIDENCE_TOKENS = 8.0
+# Pseudo-evidence that a method's estimates are right, worth this many tokens: a few early misses move
+# the factor a little, never to zero (a method whose estimates were scaled to nothing would never be
+# verified again, and so never be seen to recover).
+PRIOR_TOKENS = 8.0
 
 
 class AcceptanceCalibration:
@@ -27,9 +29,8 @@ class AcceptanceCalibration:
         self._accepted[method] = self._accepted.get(method, 0.0) * keep + accepted
 
     def factor(self, method: str) -> float:
-        """Accepted over expected tokens of the method's recent drafts; 1 until there is evidence."""
-        expected = self._expected.get(method, 0.0)
-        return self._accepted[method] / expected if expected >= EVIDENCE_TOKENS else 1.0
+        """Accepted over expected tokens of the method's recent drafts, PRIOR_TOKENS of them at 1."""
+        return (self._accepted.get(method, 0.0) + PRIOR_TOKENS) / (self._expected.get(method, 0.0) + PRIOR_TOKENS)
 
     def corrected(self, method: str, draft: DraftTree) -> DraftTree:
         """`draft` with every reach scaled by the method's factor (the root's children's estimates scaled;

@@ -1,4 +1,4 @@
-"""End to end: client → gateway → target → drafters (n-gram, suffix), real model, real processes."""
+"""End to end: client → gateway → target → drafters (n-gram, suffix, trie), real model, real processes."""
 import json
 import re
 import subprocess
@@ -52,7 +52,7 @@ def transformers_greedy():
     return outputs
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "trie"])
 @pytest.mark.parametrize("prompt", CHAT_PROMPTS)
 async def test_greedy_speculation_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt, method):
     address = stack.address("gateway")
@@ -64,12 +64,14 @@ async def test_greedy_speculation_equals_none_equals_transformers_generate(stack
     assert last.usage.completion_tokens == len(ids)
 
 
-async def test_the_suffix_drafter_drafts_a_second_request_from_the_first_ones_output(stack):
-    prompt = "Name four planets of the solar system and one fact about each."  # no repetition of its own
-    _, first_ids, first = await _chat(stack.address("gateway"), prompt, "suffix")
-    _, second_ids, second = await _chat(stack.address("gateway"), prompt, "suffix")
+@pytest.mark.parametrize("method, prompt", [
+    ("suffix", "Name four planets of the solar system and one fact about each."),  # no repetition of their own
+    ("trie", "Name four rivers of Europe and one city on each.")])
+async def test_drafters_that_learn_across_requests_draft_a_second_from_the_first_ones_output(stack, method, prompt):
+    _, first_ids, first = await _chat(stack.address("gateway"), prompt, method)
+    _, second_ids, second = await _chat(stack.address("gateway"), prompt, method)
     assert second_ids == first_ids
-    # the first output is in the global tree now: most of the second is drafted and accepted from it
+    # the first output is in the global tree (trie) now: most of the second is drafted and accepted from it
     assert second.usage.accepted_draft_tokens > max(first.usage.accepted_draft_tokens, len(second_ids) // 2)
     assert second.usage.verification_steps < first.usage.verification_steps
 

@@ -2,7 +2,8 @@
 import pytest
 
 from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.proposers.suffix import SuffixProposer, SuffixTree, speculate
+from drafter_svc.proposers.suffix import SuffixProposer
+from drafter_svc.proposers.suffix_tree import SuffixTree, speculate
 from drafter_svc.sequences import SequenceState
 
 

@@ -1,0 +1,149 @@
+"""MindIE's memory_decoding (after PIA's lookahead cache): a frequency trie over the token history of
+prompts and outputs, global across requests.
+
+Every window of the text, its first token then up to `branch_length` + 1 more, is a path in the trie
+(so the trie is a suffix tree of that depth), each node counting the windows through it. A request's
+prompt is counted for that request alone and dropped when it ends; outputs are counted for everyone,
+as they are generated. To propose, the last two tokens are looked up (the last one if the two never
+occurred together) in both counts at once, and the most frequent continuations are expanded best
+first: a tree of up to `decoding_length` nodes, at most `branch_length` deep, or a chain of each
+node's most frequent child. With `dynamic_algo` the length follows how much of the sequence's recent
+drafts was accepted. Each token's estimate is its share of its siblings' counts; the target's cost
+model has the last word on what is verified. Past `max_nodes`, the rarely used branches go.
+"""
+from __future__ import annotations
+
+import math
+
+from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.proposers.suffix_tree import LocalTree, SuffixNode, SuffixTree, speculate
+from drafter_svc.sequences import SequenceState
+from specd.drafts import DraftTree
+from specd.options import Option, OptionSchema
+
+MAX_BRANCH_LENGTH = 12  # PIA's and MindIE's default branch length, and its most here
+KEY_LENGTH = 2  # tokens looked up: the last two, falling back to the last one
+MAX_TRIE_NODES = 1_000_000  # the global trie's bound (~0.3 KB a node in Python)
+
+
+class MergedNode:
+    """One token string in several tries, counted in all of them (a node `speculate` can expand)."""
+    __slots__ = ("nodes", "count")
+
+    def __init__(self, nodes: list[SuffixNode]):
+        self.nodes = nodes
+        self.count = sum(node.count for node in nodes)
+
+    @property
+    def children(self) -> dict[int, MergedNode]:
+        merged: dict[int, list[SuffixNode]] = {}
+        for node in self.nodes:
+            for token, child in (node.children or {}).items():
+                merged.setdefault(token, []).append(child)
+        return {token: MergedNode(nodes) for token, nodes in merged.items()}
+
+
+class TrieState:
+    """What the trie drafter keeps per sequence: its prompt's own trie, and where its output stands
+    in the global trie."""
+
+    def __init__(self, epoch: int, global_generation: int):
+        self.epoch = epoch
+        self.prompt = LocalTree(epoch, SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH))
+        self.output_frontier: list[SuffixNode] = []
+        self.generation = global_generation  # of the global trie the frontier points into
+        self.num_tokens = 0
+
+
+class TrieProposer:
+    """Frequency-trie drafts over the request's prompt and every request's output."""
+
+    schema = OptionSchema("trie", (
+        Option("decoding_length", "int", 16, minimum=1, maximum=16, help="the most draft tokens (MindIE's)"),
+        Option("branch_length", "int", MAX_BRANCH_LENGTH, minimum=1, maximum=MAX_BRANCH_LENGTH,
+               help="the deepest draft branch, in tokens"),
+        Option("dynamic_algo", "bool", False,
+               help="draft length follows how much of the sequence's recent drafts was accepted"),
+        Option("use_tree_spec", "bool", True, help="draft a tree of the most frequent continuations (else a chain)"),
+    ))
+
+    def __init__(self, max_nodes: int = MAX_TRIE_NODES):
+        self.max_nodes = max_nodes
+        self.global_trie = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
+
+    def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
+        drafts = [self._propose_one(request) for request in batch]
+        if self.global_trie.num_nodes > self.max_nodes:
+            self._trim()
+        return drafts
+
+    def release(self, sequence: SequenceState) -> None:
+        """The prompt's counts go with the sequence's state; its output stays in the global trie."""
+
+    def sizes(self) -> dict[str, int]:
+        return {"trie_nodes": self.global_trie.num_nodes}
+
+    def _propose_one(self, request: DraftRequest) -> DraftTree:
+        seq, options = request.sequence, request.options
+        state = self._synced(seq)
+        node = self._lookup(state, seq.tokens)
+        if node is None:
+            return DraftTree()
+        budget = min(request.max_tokens, options["decoding_length"])
+        if options["dynamic_algo"]:
+            history = seq.acceptance
+            rate = (history.accepted + 1) / (history.accepted + history.rejected + 2)
+            budget = max(1, math.ceil(budget * rate))
+        draft = speculate(node, budget, 0.0, options["use_tree_spec"], options["branch_length"]).draft
+        seq.expect(_first_path(draft))
+        return draft
+
+    def _synced(self, seq: SequenceState) -> TrieState:
+        """`seq`'s state with every token counted: the prompt's in its own trie, the output's in the global."""
+        state = seq.proposer_state
+        if state is None or state.epoch != seq.epoch:
+            state = seq.proposer_state = TrieState(seq.epoch, self.global_trie.generation)
+        state.prompt.sync(seq.tokens[:seq.prompt_length])
+        if state.generation != self.global_trie.generation:  # pruned since: count on from here
+            state.output_frontier, state.generation = [], self.global_trie.generation
+        for token in seq.tokens[max(state.num_tokens, seq.prompt_length):]:
+            state.output_frontier = self.global_trie.extend(state.output_frontier, token)
+        state.num_tokens = len(seq.tokens)
+        return state
+
+    def _lookup(self, state: TrieState, tokens: list[int]) -> MergedNode | None:
+        """The node of the last KEY_LENGTH tokens in the prompt's and the global trie together (of the
+        last one where the two never occurred together), if anything ever followed it."""
+        for length in range(min(KEY_LENGTH, len(tokens)), 0, -1):
+            found = [node for tree in (state.prompt.tree, self.global_trie)
+                     if (node := _walk(tree, tokens[-length:])) is not None]
+            merged = MergedNode(found)
+            if found and merged.children:
+                return merged
+        return None
+
+    def _trim(self) -> None:
+        """Drop the rarely used branches until the trie is back under four fifths of its bound."""
+        below = 2
+        while self.global_trie.num_nodes > 0.8 * self.max_nodes:
+            self.global_trie.prune(below)
+            below *= 2
+
+
+def _walk(tree: SuffixTree, tokens: list[int]) -> SuffixNode | None:
+    node = tree.root
+    for token in tokens:
+        node = node.child(token)
+        if node is None:
+            return None
+    return node
+
+
+def _first_path(draft: DraftTree) -> list[int]:
+    """The chain that follows each node's first child from the root (the likeliest, best first)."""
+    path, parent = [], -1
+    for index, (token, node_parent) in enumerate(zip(draft.token_ids, draft.parents)):
+        if node_parent == parent:
+            path.append(token)
+            parent = index
+    return path
