@@ -13,7 +13,7 @@ from specd.errors import InvalidArgument
 from specd.options import OptionSchema, OptionValue, options_from_pb, options_to_pb
 from specd.v1 import common_pb2
 
-MAX_SPECULATIVE_TOKENS = 16
+MAX_SPECULATIVE_TOKENS = 64  # a draft tree of 16-64 nodes is worth verifying where verification is cheap
 # Below this a temperature is greedy: dividing logits by it overflows (vLLM uses the same bound).
 GREEDY_TEMPERATURE = 1e-5
 

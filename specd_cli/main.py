@@ -87,7 +87,7 @@ def _add_speculative_flags(parser: argparse.ArgumentParser, deployment: bool) ->
     group.add_argument("--method", help="none, or a served drafter method such as ngram" +
                        (f" (default {d.method})" if deployment else " (default: the server's)"))
     group.add_argument("--num-speculative-tokens", "-k", type=_INT32,
-                       help="most draft tokens per sequence per step, 0..16" +
+                       help="most draft tokens per sequence per step (a tree's nodes), 0..64" +
                        (f" (default {d.num_speculative_tokens})" if deployment else ""))
     group.add_argument("--speculative-config", type=_json_object, default={}, metavar="JSON",
                        help="vLLM-style speculative_config: method, num_speculative_tokens and the method's own "

@@ -15,6 +15,7 @@ from drafter_svc.server import create_service
 from specd.options import options_to_pb
 from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS,
                           MAX_RELEASE_SEQUENCES, MAX_SEQUENCE_ID_CHARS)
+from specd.types import MAX_SPECULATIVE_TOKENS
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4  # the lookup always finds a match in it
@@ -92,7 +93,7 @@ async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(
 
 async def test_an_invalid_request_ends_the_propose_stream_naming_the_field(stub):
     stream = stub.ProposeStream()
-    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, params(k=17))]))
+    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, params(k=MAX_SPECULATIVE_TOKENS + 1))]))
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stream.read()
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -123,7 +124,7 @@ async def test_release_forgets_sequences(stub):
 
 
 @pytest.mark.parametrize("bad_entry, field", [
-    pytest.param(update("x", 0, [1], params(k=17)), "sequences[1].max_draft_tokens", id="k>16"),
+    pytest.param(update("x", 0, [1], params(k=MAX_SPECULATIVE_TOKENS + 1)), "sequences[1].max_draft_tokens", id="k>max"),
     pytest.param(update("x", 0, [1], params(k=-1)), "sequences[1].max_draft_tokens", id="k<0"),
     pytest.param(update("x", 0, [1], params(min_n=0)), "sequences[1].options.prompt_lookup_min", id="min<1"),
     pytest.param(update("x", 0, [1], params(min_n=3, max_n=2)), "sequences[1].options.prompt_lookup_max",

@@ -4,7 +4,7 @@ from drafter_svc.proposers.ngram import NgramProposer
 from gateway.validation import check_prompt_fits, validate_request
 from specd.errors import InvalidArgument
 from specd.options import options_to_pb
-from specd.types import NONE_SCHEMA, SpeculativeConfig
+from specd.types import MAX_SPECULATIVE_TOKENS, NONE_SCHEMA, SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2
 
 DEFAULT_SPECULATIVE = SpeculativeConfig(method="ngram", num_speculative_tokens=4, options={"prompt_lookup_max": 4})
@@ -75,7 +75,7 @@ def test_the_defaults_options_of_another_method_do_not_leak_into_a_request():
 
 
 def test_a_merged_speculative_config_out_of_range_is_refused():
-    too_many = common_pb2.SpeculativeConfig(num_speculative_tokens=17)
+    too_many = common_pb2.SpeculativeConfig(num_speculative_tokens=MAX_SPECULATIVE_TOKENS + 1)
     assert field_of_error(prompt="x", speculative=too_many) == "speculative.num_speculative_tokens"
 
 

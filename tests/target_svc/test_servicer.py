@@ -7,7 +7,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from drafter_svc.server import create_service as create_drafter
 from specd.limits import MAX_REQUEST_ID_CHARS
-from specd.types import SpeculativeConfig
+from specd.types import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_svc.server import TargetOptions, TargetService
 
@@ -113,7 +113,7 @@ async def test_a_temperature_below_the_epsilon_decodes_greedily(stub):
 
 async def test_k_out_of_range_is_invalid_argument(stub):
     request = _request()
-    request.speculative.num_speculative_tokens = 17
+    request.speculative.num_speculative_tokens = MAX_SPECULATIVE_TOKENS + 1
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await _generate(stub, request)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
