@@ -32,6 +32,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         # so large updates run off the event loop; one thread, so requests touch the state one at a time.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter")
         self._worker_jobs = 0  # submitted and not yet done
+        self._report_state()
 
     @rpc_handler
     async def Propose(self, request: drafter_pb2.ProposeRequest, context) -> drafter_pb2.ProposeResponse:
@@ -101,6 +102,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         for state, reason in self._sequences.evict():
             self._proposer.release(state)
             self._metrics.evictions.labels(reason).inc()
+        self._report_state()
+
+    def _report_state(self) -> None:
         self._metrics.sequences.set(len(self._sequences))
         self._metrics.tokens_held.set(self._sequences.tokens_held)
         for kind, size in getattr(self._proposer, "sizes", dict)().items():
