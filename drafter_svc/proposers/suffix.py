@@ -38,9 +38,7 @@ class SuffixProposer:
         Option("max_spec_offset", "float", 0.0, help="added to the draft budget of every match"),
         Option("min_token_prob", "float", 0.1, minimum=0.0, maximum=1.0,
                help="least estimated chance of a draft token (the product of the count shares down its path)"),
-        # Off by default: a tree's verification is lossless but not yet bit-identical to plain decoding
-        # (see kernels/cpu/paged_attention.cpp), so greedy output could differ from `none` in a near tie.
-        Option("use_tree_spec", "bool", False, help="draft a tree of the likeliest continuations (else a chain)"),
+        Option("use_tree_spec", "bool", True, help="draft a tree of the likeliest continuations (else a chain)"),
     ))
 
     def __init__(self, max_cached_requests: int = MAX_CACHED_REQUESTS, max_global_nodes: int = MAX_GLOBAL_NODES):

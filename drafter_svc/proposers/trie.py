@@ -64,8 +64,7 @@ class TrieProposer:
                help="the deepest draft branch, in tokens"),
         Option("dynamic_algo", "bool", False,
                help="draft length follows how much of the sequence's recent drafts was accepted"),
-        # Off by default, as suffix's (see there).
-        Option("use_tree_spec", "bool", False, help="draft a tree of the most frequent continuations (else a chain)"),
+        Option("use_tree_spec", "bool", True, help="draft a tree of the most frequent continuations (else a chain)"),
     ))
 
     def __init__(self, max_nodes: int = MAX_TRIE_NODES):

@@ -19,6 +19,11 @@
 //   a chain (new token i sees positions 0 .. context_start + i), else the offset
 //   of the sequence's n x n ancestor mask in tree_mask (new token i sees the
 //   cached prefix and the new tokens j with tree_mask[offset + i*n + j]).
+//
+// A tree query is computed as the chain its path will become: its ancestors (and itself) are read as
+// if at positions context_start, context_start + 1, ... (their keys and values gathered there), so its
+// keys meet the same lanes and 64-key chunks as when the accepted path, moved into place, is decoded
+// on; its output is bit-identical to that.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #ifdef __AVX512F__
@@ -147,11 +152,20 @@ class TileAttention {
     first_new_ = t.first - p.query_start[t.seq];
     tree_ = p.tree_offsets[t.seq];
     table_ = p.block_tables + t.seq * p.table_width;
+    path_.clear();
+    if (tree_ >= 0) {  // a tree tile holds one query: its ancestors-or-self among the new tokens, root first
+      for (int64_t j = 0; j < num_new_; ++j) {
+        if (p.tree_mask[tree_ + first_new_ * num_new_ + j]) path_.push_back(j);
+      }
+    }
+    remapped_ = false;
+    for (size_t k = 0; k < path_.size(); ++k) remapped_ |= path_[k] != static_cast<int64_t>(k);
     q_.resize(kDotProducts ? 0 : rows_ * p.head_dim);
     q_lanes_.assign(kDotProducts ? (rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_ : 0, 0);
     acc_.assign(rows_ * vecs_, f32x16{});
     keys_t_.resize(kDotProducts ? 0 : kSubChunks * p.head_dim);
-    gathered_.resize(p.block_size % kLanes == 0 ? 0 : kSubChunks * kLanes * p.head_dim);
+    gathered_.resize(p.block_size % kLanes == 0 && !remapped_ ? 0 : kSubChunks * kLanes * p.head_dim);
+    gathered_values_.resize(remapped_ ? kSubChunks * kLanes * p.head_dim : 0);
     chunk_scores_.resize(p.amx ? rows_ * kSubChunks : 0);
     rescale_.resize(p.amx ? rows_ : 0);
     weights_.resize(p.amx ? kTileRows * kChunk : 0);
@@ -161,7 +175,9 @@ class TileAttention {
   }
 
   // Past every position a query of the tile sees.
-  int64_t limit() const { return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + num_new_; }
+  int64_t limit() const {
+    return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + static_cast<int64_t>(path_.size());
+  }
 
   void attend(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk) {
     count_ = std::min(kChunk, limit() - chunk);
@@ -221,13 +237,13 @@ class TileAttention {
       const int64_t first = chunk + c * kLanes;
       if (first >= chunk + count_) {
         groups_[c] = nullptr;
-      } else if (p_->block_size % kLanes == 0) {
+      } else if (p_->block_size % kLanes == 0 && !moved(first + kLanes - 1)) {
         groups_[c] = head_block(first) + first % p_->block_size * P;
         stride_[c] = p_->block_size * P;
       } else {
         scalar_t* dst = &gathered_[c * kLanes * p_->head_dim];
         for (int64_t j = 0; j < kLanes; ++j) {
-          const int64_t position = std::min(first + j, chunk + count_ - 1);  // past the limit: never seen
+          const int64_t position = slot_position(std::min(first + j, chunk + count_ - 1));  // past the limit: never seen
           const scalar_t* src = head_block(position) + position % p_->block_size * P;
           for (int64_t g = 0; g < lanes_; ++g) std::copy_n(src + g * p_->block_size * P, P, dst + (g * kLanes + j) * P);
         }
@@ -239,6 +255,7 @@ class TileAttention {
 
   // Each of the chunk's positions' row of P positions in the packed value cache (its lane: position % P).
   void find_values(const scalar_t* value_cache, int64_t chunk) {
+    if (moved(chunk + kChunk - 1)) return gather_values(value_cache, chunk);
     int64_t block = chunk / p_->block_size, offset = chunk % p_->block_size;  // walked, not divided, per key
     for (int64_t j = 0; j < count_; ++j) {
       value_rows_[j] = value_cache + ((table_[block] * p_->num_kv_heads + kv_head_) * p_->block_size + offset / P * P) *
@@ -249,6 +266,29 @@ class TileAttention {
       }
     }
   }
+
+  // A tree query's chunk: each position's values copied from where the path's node sits to where the
+  // position would be in a block of the value cache (gathered_values_, 16 positions a sub-chunk), so the
+  // weighted sums read them in the same order and lanes as from the cache.
+  void gather_values(const scalar_t* value_cache, int64_t chunk) {
+    const int64_t row = p_->head_dim * P;  // values of P positions, each dim's side by side
+    for (int64_t j = 0; j < count_; ++j) {
+      const int64_t position = slot_position(chunk + j);
+      const scalar_t* src = value_cache + ((table_[position / p_->block_size] * p_->num_kv_heads + kv_head_) *
+                                               p_->block_size + position % p_->block_size / P * P) * p_->head_dim;
+      scalar_t* dst = &gathered_values_[(j / P) * row];
+      for (int64_t d = 0; d < p_->head_dim; ++d) dst[d * P + j % P] = src[d * P + position % P];
+      value_rows_[j] = dst;
+    }
+  }
+
+  // Where the key or value of `position` sits: itself, or for a tree query's path, the node's slot.
+  int64_t slot_position(int64_t position) const {
+    return remapped_ && position >= start_ ? start_ + path_[position - start_] : position;
+  }
+
+  // Whether any position up to `last` is read from elsewhere (a tree path off its positions).
+  bool moved(int64_t last) const { return remapped_ && last >= start_; }
 
   // The chunk's keys as fp32 vectors, for the generic scores (keys_t_[c * Dh + d]: dim d of sub-chunk c).
   void unpack_chunk() {
@@ -266,17 +306,11 @@ class TileAttention {
     for (int32_t j = 0; j < kLanes; ++j) lane[j] = j;
     for (int64_t i = 0; i < queries_; ++i) {
       const int64_t local = first_new_ + i;  // the query's index among its sequence's new tokens
-      const int64_t last_seen = std::min(limit - 1, tree_ < 0 ? start_ + local : start_ - 1);
+      // A tree query sees its whole path, laid out as a chain (see reset).
+      const int64_t last_seen = std::min(limit - 1, tree_ < 0 ? start_ + local : limit - 1);
       for (int64_t c = 0; c < kSubChunks; ++c) {
         const int64_t first = chunk + c * kLanes;
-        i32x16 sees = lane <= static_cast<int32_t>(std::clamp<int64_t>(last_seen - first, -1, kLanes));
-        if (tree_ >= 0) {  // a tree query also sees its ancestors among the new tokens
-          for (int64_t j = 0; j < kLanes; ++j) {
-            const int64_t pos = first + j;
-            if (pos >= start_ && pos < limit && p_->tree_mask[tree_ + local * num_new_ + (pos - start_)]) sees[j] = -1;
-          }
-        }
-        visible_[i * kSubChunks + c] = sees;
+        visible_[i * kSubChunks + c] = lane <= static_cast<int32_t>(std::clamp<int64_t>(last_seen - first, -1, kLanes));
       }
     }
   }
@@ -485,6 +519,9 @@ class TileAttention {
   std::vector<uint32_t> q_lanes_;           // for dot products and tiles, [rows padded to 16][Dh / P] as stored
   std::vector<f32x16> acc_, keys_t_;        // [rows][vecs]; [4][Dh] (see unpack_chunk)
   std::vector<scalar_t> gathered_;          // [4][Dh / P][16][P] (see find_keys)
+  std::vector<scalar_t> gathered_values_;   // a tree path's values, [4 * 16 / P][Dh * P] (see gather_values)
+  std::vector<int64_t> path_;               // a tree query's ancestors-or-self among the new tokens, root first
+  bool remapped_ = false;                   // the path is not at its positions (not the first nodes)
   std::vector<f32x16> chunk_scores_;        // with AMX, [rows][4]: the chunk's scores, then weights
   std::vector<float> rescale_;              // with AMX, [rows]: the chunk's rescale of each row's sums
   std::vector<scalar_t> weights_;           // with AMX, [16][64]: a tile's rows' weights as the model dtype
@@ -515,9 +552,10 @@ std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t work
     const bool heavy = (p.context_start[b] + last - first) * (last - first) * 2 * workers > total_cost &&
                        (last - first + kQueryTile - 1) / kQueryTile < 2 * workers;
     const int64_t seq_heads_per_tile = heavy ? 1 : heads_per_tile;
-    const int64_t query_tile = heavy ? std::clamp<int64_t>((last - first) * p.num_kv_heads / (4 * workers),
-                                                           kRowGroup, kQueryTile)
-                                     : kQueryTile;
+    const int64_t query_tile = p.tree_offsets[b] >= 0 ? 1  // each tree query reads its own path
+                               : heavy ? std::clamp<int64_t>((last - first) * p.num_kv_heads / (4 * workers),
+                                                             kRowGroup, kQueryTile)
+                                       : kQueryTile;
     for (int64_t q = first; q < last; q += query_tile) {
       const int64_t end = std::min(q + query_tile, last);
       const int64_t keys = p.context_start[b] + (p.tree_offsets[b] < 0 ? end - first : last - first);

@@ -47,3 +47,29 @@ def test_bf16_a_prompt_prefilled_beside_long_ones_gets_the_logits_it_gets_alone(
     together = runner.forward([SequenceInput("long", long_one, 0, 1), SequenceInput("s", prompt, 0, 1),
                                SequenceInput("o", other, 0, 1)])[1]
     assert torch.equal(alone, together)
+
+
+# (prompt length, decoy nodes before the path): where a kernel that read a tree query's ancestors at
+# their slots changed the logits (by up to 0.5) from the path's own as a chain.
+TREE_CASES = [(5, 3), (30, 7), (61, 1), (190, 3), (190, 7)]
+
+
+def test_bf16_a_tree_node_gets_the_bits_its_path_gets_as_a_chain():
+    """Verified in a tree whose path to it is not the first nodes, a node's logits are those of its path
+    decoded as a chain: what keeps greedy tree speculation token for token the output without it."""
+    tree_runner, chain_runner = bf16_runner(), bf16_runner()
+    for case, (length, decoys) in enumerate(TREE_CASES):
+        gen = torch.Generator().manual_seed(case)
+        prompt, new = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (length, 1 + decoys + 4))
+        root, decoy, path = new[0], new[1:1 + decoys], new[1 + decoys:]
+        # root ─┬─ a chain of decoys
+        #       └─ p0 ── p1 ── p2 ── p3
+        parents = [-1, 0, *range(1, decoys), 0, *range(1 + decoys, 4 + decoys)]
+        positions = [length, *range(length + 1, length + 1 + decoys), *range(length + 1, length + 5)]
+        seq = f"s{case}"
+        for runner in (tree_runner, chain_runner):
+            runner.forward([SequenceInput(seq, prompt, 0, 1)])
+        tree = tree_runner.forward([SequenceInput(seq, [root, *decoy, *path], length, len(new), positions=positions,
+                                                  parents=parents)])
+        chain = chain_runner.forward([SequenceInput(seq, [root, *path], length, 5)])
+        assert torch.equal(tree[[0, *range(1 + decoys, 5 + decoys)]], chain), (length, decoys)

@@ -28,7 +28,7 @@ def test_without_a_match_for_two_tokens_the_last_one_is_looked_up():
 def test_the_most_frequent_continuation_comes_first_and_the_others_branch_off():
     proposer = TrieProposer()
     prompt = [1, 2, 3, 8, 1, 2, 3, 8, 1, 2, 4, 8, 1, 2]
-    [draft] = proposer.propose([request(prompt, prompt_length=len(prompt), max_tokens=8, use_tree_spec=True)])
+    [draft] = proposer.propose([request(prompt, prompt_length=len(prompt), max_tokens=8)])
     assert draft.token_ids[0] == 3 and draft.probs[0] == pytest.approx(2 / 3)
     assert 4 in draft.token_ids and draft.parents[draft.token_ids.index(4)] == -1
     [chain] = proposer.propose([request(prompt, prompt_length=len(prompt), use_tree_spec=False)])
