@@ -18,6 +18,9 @@ from specd.drafts import DraftTree
 from target_svc.cost_model import StepCostModel, StepShape
 
 
+MIN_SECONDS = 1e-9
+
+
 @dataclass(frozen=True)
 class DraftChoice:
     lengths: list[int]  # draft tokens kept per candidate, in order
@@ -46,9 +49,11 @@ def choose_drafts(candidates: list[DraftTree], cached: list[int], base: StepShap
     for index, (draft, start) in enumerate(zip(candidates, cached)):
         for node, (reach, depth) in enumerate(zip(draft.reaches(), draft.depths())):
             tokens.append((reach, cost.token_seconds(start + depth), index, node))
-    tokens.sort(key=lambda t: -t[0] / t[1])  # stable: equal ratios keep draft order
+    # A fit gone to zero (a noisy start-up profile) prices everything at nothing: floored, the
+    # arithmetic stays defined and a free draft token is kept.
+    tokens.sort(key=lambda t: -t[0] / max(t[1], MIN_SECONDS))  # stable: equal ratios keep draft order
     base_seconds = cost.predict(base)
-    expected, seconds = float(len(candidates)), base_seconds
+    expected, seconds = float(len(candidates)), max(base_seconds, MIN_SECONDS)
     best_count, best_value = 0, expected / seconds
     for count, (reach, token_seconds, _, _) in enumerate(tokens, start=1):
         expected, seconds = expected + reach, seconds + token_seconds

@@ -85,3 +85,14 @@ def test_a_tree_node_costs_by_its_depth_not_its_place_in_the_list():
     wide = DraftTree((1, 2, 3, 4), (-1, -1, -1, -1), (0.2, 0.2, 0.2, 0.2))
     choice = choose_drafts([wide], [4000], StepShape.of([(4000, 1)]), cost)
     assert choice.added_seconds[0] == pytest.approx(4 * cost.token_seconds(4001))
+
+
+
+def test_a_step_with_nothing_to_price_chooses_nothing_even_when_the_fit_went_to_zero():
+    degenerate = StepCostModel()
+    for tokens in (1, 8, 64):  # a start-up profile on a machine too busy to time it
+        degenerate.observe(StepShape.of([(0, tokens)]), 0.0, profile=True)
+    empty = StepShape.of([])  # every decode preempted, no prompt admitted
+    assert degenerate.predict(empty) == 0.0
+    choice = choose_drafts([], [], empty, degenerate)
+    assert choice.lengths == [] and choice.expected_tokens == 0
