@@ -7,6 +7,7 @@ the drafter API and the target's step all speak this type.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from specd.errors import InvalidArgument
 from specd.v1 import drafter_pb2
@@ -31,9 +32,19 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    @property
+    @cached_property  # asked several times per sequence per step
     def is_chain(self) -> bool:
         return self.parents == tuple(range(ROOT, len(self.token_ids) - 1))
+
+    def first_path(self) -> list[int]:
+        """The tokens that follow each node's first child from the root: a chain's all, a best-first
+        tree's likeliest path."""
+        path, parent = [], ROOT
+        for index, (token, node_parent) in enumerate(zip(self.token_ids, self.parents)):
+            if node_parent == parent:
+                path.append(token)
+                parent = index
+        return path
 
     def reaches(self) -> list[float]:
         """Each node's estimated chance that it and every ancestor are accepted: its probs multiplied

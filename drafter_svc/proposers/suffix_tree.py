@@ -70,16 +70,23 @@ class SuffixTree:
                     break
                 node = child
 
+    def node(self, substring: list[int]) -> SuffixNode | None:
+        """The node `substring` ends at, if the tree holds it."""
+        node = self.root
+        for token in substring:
+            node = node.child(token)
+            if node is None:
+                return None
+        return node
+
     def matches(self, tokens: list[int], longest: int) -> list[tuple[int, SuffixNode]]:
         """(n, node) for each n up to `longest` whose last-n-token substring of `tokens` is in the tree;
         a substring of one that is, is too, so the search stops at the first n that is not."""
         found = []
         for n in range(1, min(longest, self.depth, len(tokens)) + 1):
-            node = self.root
-            for token in tokens[len(tokens) - n:]:
-                node = node.child(token)
-                if node is None:
-                    return found
+            node = self.node(tokens[len(tokens) - n:])
+            if node is None:
+                break
             found.append((n, node))
         return found
 

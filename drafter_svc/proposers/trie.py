@@ -95,7 +95,7 @@ class TrieProposer:
             rate = (history.accepted + 1) / (history.accepted + history.rejected + 2)
             budget = max(1, math.ceil(budget * rate))
         draft = speculate(node, budget, 0.0, options["use_tree_spec"], options["branch_length"]).draft
-        seq.expect(_first_path(draft))
+        seq.expect(draft.first_path())
         return draft
 
     def _synced(self, seq: SequenceState) -> TrieState:
@@ -116,7 +116,7 @@ class TrieProposer:
         last one where the two never occurred together), if anything ever followed it."""
         for length in range(min(KEY_LENGTH, len(tokens)), 0, -1):
             found = [node for tree in (state.prompt.tree, self.global_trie)
-                     if (node := _walk(tree, tokens[-length:])) is not None]
+                     if (node := tree.node(tokens[-length:])) is not None]
             merged = MergedNode(found)
             if found and merged.children:
                 return merged
@@ -129,21 +129,3 @@ class TrieProposer:
             self.global_trie.prune(below)
             below *= 2
 
-
-def _walk(tree: SuffixTree, tokens: list[int]) -> SuffixNode | None:
-    node = tree.root
-    for token in tokens:
-        node = node.child(token)
-        if node is None:
-            return None
-    return node
-
-
-def _first_path(draft: DraftTree) -> list[int]:
-    """The chain that follows each node's first child from the root (the likeliest, best first)."""
-    path, parent = [], -1
-    for index, (token, node_parent) in enumerate(zip(draft.token_ids, draft.parents)):
-        if node_parent == parent:
-            path.append(token)
-            parent = index
-    return path

@@ -93,7 +93,8 @@ async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(
 
 async def test_an_invalid_request_ends_the_propose_stream_naming_the_field(stub):
     stream = stub.ProposeStream()
-    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, params(k=MAX_SPECULATIVE_TOKENS + 1))]))
+    too_many = params(k=MAX_SPECULATIVE_TOKENS + 1)
+    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, too_many)]))
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stream.read()
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -124,7 +125,8 @@ async def test_release_forgets_sequences(stub):
 
 
 @pytest.mark.parametrize("bad_entry, field", [
-    pytest.param(update("x", 0, [1], params(k=MAX_SPECULATIVE_TOKENS + 1)), "sequences[1].max_draft_tokens", id="k>max"),
+    pytest.param(update("x", 0, [1], params(k=MAX_SPECULATIVE_TOKENS + 1)), "sequences[1].max_draft_tokens",
+                 id="k>max"),
     pytest.param(update("x", 0, [1], params(k=-1)), "sequences[1].max_draft_tokens", id="k<0"),
     pytest.param(update("x", 0, [1], params(min_n=0)), "sequences[1].options.prompt_lookup_min", id="min<1"),
     pytest.param(update("x", 0, [1], params(min_n=3, max_n=2)), "sequences[1].options.prompt_lookup_max",

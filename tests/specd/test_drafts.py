@@ -14,6 +14,7 @@ def test_a_chain_is_a_tree_whose_every_node_has_one_child():
 def test_truncating_keeps_a_tree_because_parents_come_first():
     tree = DraftTree((1, 2, 3, 4), (-1, 0, -1, 2), (1.0,) * 4)
     assert tree.truncated(3) == DraftTree((1, 2, 3), (-1, 0, -1), (1.0,) * 3)
+    assert tree.first_path() == [1, 2]
 
 
 def test_a_nodes_reach_is_the_product_of_the_estimates_down_its_path():

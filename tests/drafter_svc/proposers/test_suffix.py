@@ -8,12 +8,8 @@ from drafter_svc.sequences import SequenceState
 
 
 def count(tree: SuffixTree, substring: list[int]) -> int:
-    node = tree.root
-    for token in substring:
-        node = node.child(token)
-        if node is None:
-            return 0
-    return node.count
+    node = tree.node(substring)
+    return node.count if node is not None else 0
 
 
 def test_the_tree_counts_every_substring_up_to_its_depth():
