@@ -153,10 +153,9 @@ def tree_greedy_accept(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, 
 def tree_rejection_sample(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
                           target_probs: torch.Tensor, uniform_accept: torch.Tensor,
                           uniform_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See `kernels.reference.tree.tree_rejection_sample`. The reference on every device for now: its
-    walk is sequential per sequence (a Triton kernel would take one program per sequence)."""
-    return reference.tree_rejection_sample(draft_token_ids, parent_ids, cu_draft_lens, target_probs,
-                                           uniform_accept, uniform_final)
+    """See `kernels.reference.tree.tree_rejection_sample`."""
+    return implementation(target_probs.device).tree_rejection_sample(draft_token_ids, parent_ids, cu_draft_lens,
+                                                                     target_probs, uniform_accept, uniform_final)
 
 
 def build_tree_attention(parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,

@@ -10,9 +10,11 @@ import triton
 import triton.language as tl
 
 from kernels.layout import tree_mask_offsets
+from kernels.reference.chain import PROB_SCALE
 
 _BLOCK_NODES = 16  # nodes (or rows) walked at once
 _BLOCK_ENTRIES = 256  # tree mask entries written at once
+_MAX_BLOCK_V = 1024  # vocabulary entries per step of the sampling scans
 
 
 def tree_greedy_accept(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
@@ -24,6 +26,23 @@ def tree_greedy_accept(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, 
     if num_seqs:
         _tree_accept_kernel[(num_seqs,)](draft_token_ids, parent_ids, cu_draft_lens, target_argmax, num_accepted,
                                          accepted_nodes, next_token, BLOCK_N=_BLOCK_NODES)
+    return num_accepted, accepted_nodes, next_token
+
+
+def tree_rejection_sample(draft_token_ids: torch.Tensor, parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
+                          target_probs: torch.Tensor, uniform_accept: torch.Tensor,
+                          uniform_final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    num_seqs = cu_draft_lens.numel() - 1
+    num_accepted = torch.empty(num_seqs, dtype=torch.int64, device=cu_draft_lens.device)
+    next_token = torch.empty_like(num_accepted)
+    accepted_nodes = torch.empty_like(parent_ids)
+    target_probs = target_probs.contiguous()
+    vocab = target_probs.shape[-1]
+    if num_seqs:
+        _tree_sample_kernel[(num_seqs,)](draft_token_ids, parent_ids, cu_draft_lens, target_probs, uniform_accept,
+                                         uniform_final, num_accepted, accepted_nodes, next_token, vocab,
+                                         PROB_SCALE=PROB_SCALE, BLOCK_N=_BLOCK_NODES,
+                                         BLOCK_V=min(triton.next_power_of_2(vocab), _MAX_BLOCK_V))
     return num_accepted, accepted_nodes, next_token
 
 
@@ -80,6 +99,90 @@ def _tree_accept_kernel(draft_ptr, parent_ptr, cu_ptr, argmax_ptr, num_accepted_
             climb = steps_up > step
             at = tl.where(climb, tl.load(parent_ptr + first + at, mask=climb, other=-1).to(tl.int64), at)
         tl.store(accepted_nodes_ptr + first + slot, tl.where(steps_up >= 0, at, -1), mask=slot < num_nodes)
+
+
+@triton.jit
+def _tree_sample_kernel(draft_ptr, parent_ptr, cu_ptr, probs_ptr, uniform_ptr, uniform_final_ptr, num_accepted_ptr,
+                        accepted_nodes_ptr, next_token_ptr, vocab, PROB_SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_V: tl.constexpr):
+    seq = tl.program_id(0)
+    first = tl.load(cu_ptr + seq)
+    num_nodes = tl.load(cu_ptr + seq + 1) - first
+    root_row = first + seq  # node i's row is root_row + 1 + i
+
+    # The walk, in node order (a node's children all come after it), in float64 as the reference's:
+    # a child of the newest accepted node is tried unless an earlier sibling with its token was rejected
+    # (no mass is left for it); accepted with probability p(c) / the mass not yet rejected at its row.
+    path_end = tl.full((), -1, tl.int64)  # the newest accepted node; -1: the root
+    left = tl.full((), 1.0, tl.float64)
+    accepted = tl.full((), 0, tl.int64)
+    for node in range(num_nodes):
+        parent = tl.load(parent_ptr + first + node).to(tl.int64)
+        token = tl.load(draft_ptr + first + node)
+        repeats = tl.full((), 0, tl.int32)
+        for start in range(0, node, BLOCK_N):
+            earlier = start + tl.arange(0, BLOCK_N)
+            before = earlier < node
+            sibling = tl.load(parent_ptr + first + earlier, mask=before, other=-2) == path_end
+            same = tl.load(draft_ptr + first + earlier, mask=before, other=-1) == token
+            repeats += tl.sum((sibling & same).to(tl.int32), axis=0)
+        tried = (parent == path_end) & (repeats == 0)
+        p = tl.load(probs_ptr + (root_row + 1 + parent) * vocab + token, mask=tried, other=0.0).to(tl.float64)
+        uniform = tl.load(uniform_ptr + first + node, mask=tried, other=1.0).to(tl.float64)
+        accept = tried & (uniform * left < p)
+        tl.store(accepted_nodes_ptr + first + accepted, node, mask=accept)
+        accepted += accept.to(tl.int64)
+        path_end = tl.where(accept, node, path_end)
+        left = tl.where(accept, 1.0, tl.where(tried, left - p, left))
+    tl.store(num_accepted_ptr + seq, accepted)
+    for start in range(0, num_nodes, BLOCK_N):
+        slot = start + tl.arange(0, BLOCK_N)
+        tl.store(accepted_nodes_ptr + first + slot, tl.full([BLOCK_N], -1, tl.int64),
+                 mask=(slot >= accepted) & (slot < num_nodes))
+
+    # The next token, from the path's last row with its rejected children's tokens (all of its
+    # children's) at zero weight, or from that row as it is if nothing is left: as the reference's
+    # fixed-point inverse CDF, in two passes (totals, then the block the draw falls in).
+    p_row = probs_ptr + (root_row + 1 + path_end) * vocab
+    p_total = tl.full((), 0, tl.int64)
+    left_total = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        weights, left_weights = _final_weights(p_row, start, vocab, draft_ptr, parent_ptr, first, num_nodes,
+                                               path_end, PROB_SCALE, BLOCK_N, BLOCK_V)
+        p_total += tl.sum(weights, axis=0)
+        left_total += tl.sum(left_weights, axis=0)
+    use_left = left_total > 0
+    total = tl.where(use_left, left_total, p_total)
+    threshold = (tl.load(uniform_final_ptr + seq).to(tl.float64) * total.to(tl.float64)).to(tl.int64)
+    token = tl.full((), 0, tl.int64) + vocab - 1  # stays only if every weight is 0, as the reference's clamp
+    carry = tl.full((), 0, tl.int64)
+    for start in range(0, vocab, BLOCK_V):
+        weights, left_weights = _final_weights(p_row, start, vocab, draft_ptr, parent_ptr, first, num_nodes,
+                                               path_end, PROB_SCALE, BLOCK_N, BLOCK_V)
+        weights = tl.where(use_left, left_weights, weights)
+        block_total = tl.sum(weights, axis=0)
+        if (carry <= threshold) & (threshold < carry + block_total):
+            cdf = carry + tl.cumsum(weights, axis=0)
+            token = start + tl.sum((cdf <= threshold).to(tl.int64), axis=0)
+        carry += block_total
+    tl.store(next_token_ptr + seq, token)
+
+
+@triton.jit
+def _final_weights(p_row, start, vocab, draft_ptr, parent_ptr, first, num_nodes, path_end, PROB_SCALE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Fixed-point weights of p at tokens start .. start + BLOCK_V - 1 (0 past the vocabulary), and
+    the same with the tokens of path_end's children at 0."""
+    token = start + tl.arange(0, BLOCK_V)
+    weights = (tl.load(p_row + token, mask=token < vocab, other=0.0) * PROB_SCALE).to(tl.int64)
+    rejected = tl.zeros([BLOCK_V], dtype=tl.int32)
+    for node_start in range(0, num_nodes, BLOCK_N):
+        node = node_start + tl.arange(0, BLOCK_N)
+        live = node < num_nodes
+        child = tl.load(parent_ptr + first + node, mask=live, other=-2) == path_end
+        child_token = tl.where(child, tl.load(draft_ptr + first + node, mask=live, other=-1), -1)
+        rejected += tl.sum((token[:, None] == child_token[None, :]).to(tl.int32), axis=1)
+    return weights, tl.where(rejected > 0, 0, weights)
 
 
 @triton.jit

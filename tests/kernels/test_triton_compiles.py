@@ -20,6 +20,9 @@ CHAIN_ACCEPT = {"draft_ptr": I64, "cu_ptr": I64, "target_probs_ptr": F32, "draft
                 "uniform_ptr": F32, "num_accepted_ptr": I64, "vocab": "i32"}
 SAMPLE = {"draft_ptr": I64, "cu_ptr": I64, "target_probs_ptr": F32, "draft_probs_ptr": F32,
           "num_accepted_ptr": I64, "uniform_ptr": F32, "next_token_ptr": I64, "vocab": "i32"}
+TREE_SAMPLE = {"draft_ptr": I64, "parent_ptr": I64, "cu_ptr": I64, "probs_ptr": F32, "uniform_ptr": F32,
+               "uniform_final_ptr": F32, "num_accepted_ptr": I64, "accepted_nodes_ptr": I64, "next_token_ptr": I64,
+               "vocab": "i32"}
 BF16 = "*bf16"
 PAGED = {"q_ptr": BF16, "k_ptr": BF16, "v_ptr": BF16, "out_ptr": BF16, "tables_ptr": I64, "query_start_ptr": I64,
          "context_start_ptr": I64, "tree_mask_ptr": "*u8", "tree_offsets_ptr": I64, "seq_of_row_ptr": I64,
@@ -42,6 +45,9 @@ KERNELS = {
     "tree_accept, int32 parent ids": (tree._tree_accept_kernel, {
         "draft_ptr": I64, "parent_ptr": "*i32", "cu_ptr": I64, "argmax_ptr": I64, "num_accepted_ptr": I64,
         "accepted_nodes_ptr": I64, "next_token_ptr": I64}, {"BLOCK_N": 16}),
+    "tree_sample": (tree._tree_sample_kernel, TREE_SAMPLE, {"PROB_SCALE": 2.0 ** 40, "BLOCK_N": 16, "BLOCK_V": 1024}),
+    "tree_sample, int32 parent ids": (tree._tree_sample_kernel, {**TREE_SAMPLE, "parent_ptr": "*i32"},
+                                      {"PROB_SCALE": 2.0 ** 40, "BLOCK_N": 16, "BLOCK_V": 1024}),
     "tree_attention": (tree._tree_attention_kernel, {
         "parent_ptr": I64, "cu_ptr": I64, "start_pos_ptr": I64, "mask_offsets_ptr": I64, "positions_ptr": I64,
         "mask_ptr": "*i1"}, {"BLOCK_ROWS": 16, "BLOCK_ENTRIES": 256}),

@@ -73,6 +73,18 @@ def test_tree_greedy_accept(draft_lens):
     _assert_same(triton_impl.tree_greedy_accept(*args), reference.tree_greedy_accept(*args))
 
 
+def test_tree_rejection_sample(draft_lens):
+    b = random_batch(draft_lens, VOCAB, tree=True)
+    args = (b.draft_token_ids, b.parent_ids, b.cu_draft_lens, b.target_probs, b.uniform_accept, b.uniform_final)
+    _assert_same(triton_impl.tree_rejection_sample(*args), reference.tree_rejection_sample(*args))
+
+
+def test_tree_rejection_sample_over_a_vocabulary_of_several_blocks():
+    b = random_batch([9, 0, 5, 16], 2500, tree=True, match_rate=0.9)
+    args = (b.draft_token_ids, b.parent_ids, b.cu_draft_lens, b.target_probs, b.uniform_accept, b.uniform_final)
+    _assert_same(triton_impl.tree_rejection_sample(*args), reference.tree_rejection_sample(*args))
+
+
 def test_build_tree_attention(draft_lens):
     b = random_batch(draft_lens, 8, tree=True)
     args = (b.parent_ids, b.cu_draft_lens, b.start_positions)
