@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from drafter_svc.metrics import DrafterMetrics
 from drafter_svc.proposers.base import DraftRequest, Proposer
-from drafter_svc.sequences import SequenceRegistry, SequenceUpdate
+from drafter_svc.sequences import SequenceRegistry, SequenceState, SequenceUpdate
 from specd.errors import InvalidArgument, check_length
 from specd.limits import MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES
 from specd.options import options_from_pb
@@ -16,8 +17,16 @@ from specd.rpc import rpc_handler
 from specd.types import MAX_SPECULATIVE_TOKENS
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
+log = logging.getLogger(__name__)
+
 # Updates of at most this many new tokens in all are answered on the event loop (when the worker is idle).
 INLINE_TOKENS = 512
+# A sequence's first update carries its whole prompt, and indexing it costs the suffix and trie
+# proposers ~40 us a token: a 1,500-token prompt alone outlasts the target's 50 ms deadline for the
+# step (measured: 18 of 263 asks at 64 clients missed it, each a step waiting 50 ms for nothing). So an
+# entry appending more tokens than this gets no draft in this answer and is indexed right after it,
+# while the target runs its forward; the sequence's next ask finds it indexed.
+DEFERRED_TOKENS = 128
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
@@ -44,21 +53,41 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             yield await self._answer(request)
 
     async def _answer(self, request: drafter_pb2.ProposeRequest) -> drafter_pb2.ProposeResponse:
-        requested, appended = self._parse_updates(request)
+        requested, _ = self._parse_updates(request)
+        now = [entry for entry in requested if len(entry[0].appended_token_ids) <= DEFERRED_TOKENS]
+        later = [entry for entry in requested if len(entry[0].appended_token_ids) > DEFERRED_TOKENS]
+        appended = sum(len(update.appended_token_ids) for update, _, _ in now)
         if self._worker_jobs == 0 and appended <= INLINE_TOKENS:
             # A step's few new tokens: the hop to the worker (~0.15 ms) costs more than the work, and with
             # the worker idle the state is ours alone.
-            return drafter_pb2.ProposeResponse(drafts=self._propose(requested))
-        return drafter_pb2.ProposeResponse(drafts=await self._in_worker(self._propose, requested))
+            drafts = self._propose(now)
+        else:
+            drafts = await self._in_worker(self._propose, now)
+        if later:  # queued on the one worker before this answer leaves, so before any later request
+            self._index_in_background(later)
+        by_id = {draft.sequence_id: draft for draft in drafts}
+        return drafter_pb2.ProposeResponse(drafts=[by_id.get(update.sequence_id, drafter_pb2.Draft(
+            sequence_id=update.sequence_id)) for update, _, _ in requested])
+
+    def _index_in_background(self, entries: list[tuple[SequenceUpdate, int, dict | None]]) -> None:
+        """Apply and index `entries` on the worker, proposing nothing. If that fails, the drafter lacks
+        their tokens, and their next update is answered with resync_needed."""
+        def failed(job: asyncio.Future) -> None:
+            if not job.cancelled() and job.exception() is not None:
+                log.error("indexing %d new sequences failed", len(entries), exc_info=job.exception())
+        self._submit(self._index, entries).add_done_callback(failed)
 
     async def _in_worker(self, work, *args):
-        """`work(*args)` on the worker thread. The job counts until the thread is done with it, even
-        when the RPC that waits for it is cancelled first."""
+        return await self._submit(work, *args)
+
+    def _submit(self, work, *args) -> asyncio.Future:
+        """`work(*args)` queued on the worker thread now. The job counts until the thread is done with
+        it, even when the RPC that waits for it is cancelled first."""
         loop = asyncio.get_running_loop()
         self._worker_jobs += 1
         job = self._worker.submit(work, *args)
         job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._worker_job_done))
-        return await asyncio.wrap_future(job)
+        return asyncio.wrap_future(job)
 
     def _worker_job_done(self) -> None:
         self._worker_jobs -= 1
@@ -74,10 +103,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return self._proposer.schema.to_pb()
 
     def _propose(self, requested: list[tuple[SequenceUpdate, int, dict | None]]) -> list[drafter_pb2.Draft]:
-        states = [self._sequences.apply(update) for update, _, _ in requested]
-        for state, (update, _, options) in zip(states, requested):
-            if state is not None and options is not None:
-                state.options, state.prompt_length = options, update.prompt_length
+        states = self._apply(requested)
         batch = [DraftRequest(state, max_tokens, state.options)
                  for state, (_, max_tokens, _) in zip(states, requested) if state is not None]
         started = time.perf_counter()
@@ -89,6 +115,21 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return [drafter_pb2.Draft(sequence_id=update.sequence_id, resync_needed=True) if state is None
                 else next_draft().to_pb(update.sequence_id)
                 for (update, _, _), state in zip(requested, states)]
+
+    def _index(self, entries: list[tuple[SequenceUpdate, int, dict | None]]) -> None:
+        """The entries' tokens applied and indexed by the proposer (asked for 0 tokens)."""
+        self._proposer.propose([DraftRequest(state, 0, state.options) for state in self._apply(entries)
+                                if state is not None])
+        self._evict()
+
+    def _apply(self, requested: list[tuple[SequenceUpdate, int, dict | None]]) -> list[SequenceState | None]:
+        """Each entry's sequence with its update applied (options and prompt length set from its first);
+        None where the update does not follow what the drafter holds."""
+        states = [self._sequences.apply(update) for update, _, _ in requested]
+        for state, (update, _, options) in zip(states, requested):
+            if state is not None and options is not None:
+                state.options, state.prompt_length = options, update.prompt_length
+        return states
 
     def _release(self, sequence_ids: list[str]) -> None:
         for sequence_id in sequence_ids:

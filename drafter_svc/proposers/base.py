@@ -19,7 +19,7 @@ from specd.options import OptionSchema, OptionValue
 class DraftRequest:
     """One sequence's share of a Propose call."""
     sequence: SequenceState
-    max_tokens: int  # the most draft tokens the target will take this step
+    max_tokens: int  # the most draft tokens the target will take this step; 0: index the new tokens only
     options: dict[str, OptionValue]  # every option of the method, resolved by its schema
 
 

@@ -70,6 +70,8 @@ class SuffixProposer:
         if local is None or local.epoch != seq.epoch:
             local = seq.proposer_state = LocalTree(seq.epoch)
         local.sync(seq.tokens)
+        if request.max_tokens == 0:
+            return DraftTree()
         longest = options["max_tree_depth"]
         candidates = list(enumerate(local.frontier[:longest], start=1))
         candidates += self.global_tree.matches(seq.tokens, longest)

@@ -86,6 +86,8 @@ class TrieProposer:
     def _propose_one(self, request: DraftRequest) -> DraftTree:
         seq, options = request.sequence, request.options
         state = self._synced(seq)
+        if request.max_tokens == 0:
+            return DraftTree()
         node = self._lookup(state, seq.tokens)
         if node is None:
             return DraftTree()

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from drafter_svc.sequences import SequenceRegistry
+from drafter_svc.servicer import DEFERRED_TOKENS
 from drafter_svc.server import create_service
 from specd.options import options_to_pb
 from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS,
@@ -75,6 +76,15 @@ async def test_keeps_drafting_from_incremental_updates(stub):
     await propose(stub, update("loop", 0, LOOPING_PROMPT))
     (draft,) = await propose(stub, update("loop", len(LOOPING_PROMPT), [11, 12, 13]))
     assert list(draft.token_ids)[:2] == [14, 15]
+
+
+async def test_a_long_first_update_is_indexed_after_the_answer_and_drafted_from_at_the_next_ask(stub):
+    prompt = [20 + i % 50 for i in range(DEFERRED_TOKENS)] + LOOPING_PROMPT  # longer than is indexed in time
+    first = await propose(stub, update("long", 0, prompt), update("short", 0, LOOPING_PROMPT))
+    assert [list(d.token_ids) for d in first] == [[], [11, 12, 13, 14]]  # the short one is not held up
+    assert not first[0].resync_needed
+    (then,) = await propose(stub, update("long", len(prompt), [11]))
+    assert list(then.token_ids) == [12, 13, 14, 15]
 
 
 async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(stub):
