@@ -28,6 +28,9 @@ INLINE_TOKENS = 512
 # while the target runs its forward; the sequence's next ask finds it indexed.
 DEFERRED_TOKENS = 128
 
+# One sequence's share of a Propose: its update, its draft budget, and (from position 0) its options.
+Entry = tuple[SequenceUpdate, int, dict | None]
+
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     """Applies each entry's committed tokens, then asks the proposer for the whole batch at once."""
@@ -53,7 +56,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             yield await self._answer(request)
 
     async def _answer(self, request: drafter_pb2.ProposeRequest) -> drafter_pb2.ProposeResponse:
-        requested, _ = self._parse_updates(request)
+        requested = self._parse_updates(request)
         now = [entry for entry in requested if len(entry[0].appended_token_ids) <= DEFERRED_TOKENS]
         later = [entry for entry in requested if len(entry[0].appended_token_ids) > DEFERRED_TOKENS]
         appended = sum(len(update.appended_token_ids) for update, _, _ in now)
@@ -62,23 +65,20 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             # the worker idle the state is ours alone.
             drafts = self._propose(now)
         else:
-            drafts = await self._in_worker(self._propose, now)
+            drafts = await self._submit(self._propose, now)
         if later:  # queued on the one worker before this answer leaves, so before any later request
             self._index_in_background(later)
         by_id = {draft.sequence_id: draft for draft in drafts}
         return drafter_pb2.ProposeResponse(drafts=[by_id.get(update.sequence_id, drafter_pb2.Draft(
             sequence_id=update.sequence_id)) for update, _, _ in requested])
 
-    def _index_in_background(self, entries: list[tuple[SequenceUpdate, int, dict | None]]) -> None:
+    def _index_in_background(self, entries: list[Entry]) -> None:
         """Apply and index `entries` on the worker, proposing nothing. If that fails, the drafter lacks
         their tokens, and their next update is answered with resync_needed."""
         def failed(job: asyncio.Future) -> None:
             if not job.cancelled() and job.exception() is not None:
                 log.error("indexing %d new sequences failed", len(entries), exc_info=job.exception())
         self._submit(self._index, entries).add_done_callback(failed)
-
-    async def _in_worker(self, work, *args):
-        return await self._submit(work, *args)
 
     def _submit(self, work, *args) -> asyncio.Future:
         """`work(*args)` queued on the worker thread now. The job counts until the thread is done with
@@ -95,14 +95,14 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     @rpc_handler
     async def Release(self, request: drafter_pb2.ReleaseRequest, context) -> drafter_pb2.ReleaseResponse:
         check_length("sequence_ids", request.sequence_ids, MAX_RELEASE_SEQUENCES)
-        await self._in_worker(self._release, list(request.sequence_ids))
+        await self._submit(self._release, list(request.sequence_ids))
         return drafter_pb2.ReleaseResponse()
 
     @rpc_handler
     async def Describe(self, request: drafter_pb2.DescribeRequest, context):
         return self._proposer.schema.to_pb()
 
-    def _propose(self, requested: list[tuple[SequenceUpdate, int, dict | None]]) -> list[drafter_pb2.Draft]:
+    def _propose(self, requested: list[Entry]) -> list[drafter_pb2.Draft]:
         states = self._apply(requested)
         batch = [DraftRequest(state, max_tokens, state.options)
                  for state, (_, max_tokens, _) in zip(states, requested) if state is not None]
@@ -116,13 +116,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 else next_draft().to_pb(update.sequence_id)
                 for (update, _, _), state in zip(requested, states)]
 
-    def _index(self, entries: list[tuple[SequenceUpdate, int, dict | None]]) -> None:
+    def _index(self, entries: list[Entry]) -> None:
         """The entries' tokens applied and indexed by the proposer (asked for 0 tokens)."""
         self._proposer.propose([DraftRequest(state, 0, state.options) for state in self._apply(entries)
                                 if state is not None])
         self._evict()
 
-    def _apply(self, requested: list[tuple[SequenceUpdate, int, dict | None]]) -> list[SequenceState | None]:
+    def _apply(self, requested: list[Entry]) -> list[SequenceState | None]:
         """Each entry's sequence with its update applied (options and prompt length set from its first);
         None where the update does not follow what the drafter holds."""
         states = [self._sequences.apply(update) for update, _, _ in requested]
@@ -151,10 +151,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         for kind, size in getattr(self._proposer, "sizes", dict)().items():
             self._metrics.proposer_state.labels(kind).set(size)
 
-    def _parse_updates(self, request: drafter_pb2.ProposeRequest
-                       ) -> tuple[list[tuple[SequenceUpdate, int, dict | None]], int]:
-        """Every entry (its update, draft budget and, from position 0, its resolved options), validated
-        before any state changes, so a bad request leaves no trace; and the new tokens of them all."""
+    def _parse_updates(self, request: drafter_pb2.ProposeRequest) -> list[Entry]:
+        """Every entry, validated before any state changes, so a bad request leaves no trace."""
         check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
         total = sum(len(pb.appended_token_ids) for pb in request.sequences)
         if total > MAX_PROPOSE_TOKENS:
@@ -172,4 +170,4 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             options = None if pb.start_position else \
                 self._proposer.schema.resolve(options_from_pb(pb.options, f"{field}.options"), f"{field}.options")
             parsed.append((update, pb.max_draft_tokens, options))
-        return parsed, total
+        return parsed

@@ -28,19 +28,23 @@ MAX_TRIE_NODES = 1_000_000  # the global trie's bound (~0.3 KB a node in Python)
 
 class MergedNode:
     """One token string in several tries, counted in all of them (a node `speculate` can expand)."""
-    __slots__ = ("nodes", "count")
+    __slots__ = ("nodes", "count", "_children")
 
     def __init__(self, nodes: list[SuffixNode]):
         self.nodes = nodes
         self.count = sum(node.count for node in nodes)
+        self._children: dict[int, MergedNode] | None = None
 
     @property
     def children(self) -> dict[int, MergedNode]:
-        merged: dict[int, list[SuffixNode]] = {}
-        for node in self.nodes:
-            for token, child in (node.children or {}).items():
-                merged.setdefault(token, []).append(child)
-        return {token: MergedNode(nodes) for token, nodes in merged.items()}
+        """Merged once, when first asked (the lookup asks, then `speculate` again)."""
+        if self._children is None:
+            merged: dict[int, list[SuffixNode]] = {}
+            for node in self.nodes:
+                for token, child in (node.children or {}).items():
+                    merged.setdefault(token, []).append(child)
+            self._children = {token: MergedNode(nodes) for token, nodes in merged.items()}
+        return self._children
 
 
 class TrieState:

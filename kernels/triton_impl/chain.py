@@ -137,12 +137,20 @@ def _sample_recovered_kernel(draft_ptr, cu_ptr, target_probs_ptr, draft_probs_pt
     for start in range(0, vocab, BLOCK_V):
         p, residual = _p_and_residual(p_row, q_row, q_len, draft, start, vocab, HAS_DRAFT_PROBS, BLOCK_V)
         weights = (tl.where(use_residual, residual, p) * PROB_SCALE).to(tl.int64)  # as the reference's
-        block_total = tl.sum(weights, axis=0)
-        if (carry <= threshold) & (threshold < carry + block_total):
-            cdf = carry + tl.cumsum(weights, axis=0)
-            token = start + tl.sum((cdf <= threshold).to(tl.int64), axis=0)
-        carry += block_total
+        token, carry = draw_in_block(weights, start, carry, threshold, token)
     tl.store(next_token_ptr + seq, token)
+
+
+@triton.jit
+def draw_in_block(weights, start, carry, threshold, token):
+    """One block of an inverse-CDF draw over fixed-point weights (tokens start ..): the token whose CDF
+    first exceeds threshold if that is in this block (else `token` as it was), and the CDF carried
+    past the block. Only the block the draw falls in computes its CDF."""
+    block_total = tl.sum(weights, axis=0)
+    if (carry <= threshold) & (threshold < carry + block_total):
+        cdf = carry + tl.cumsum(weights, axis=0)
+        token = start + tl.sum((cdf <= threshold).to(tl.int64), axis=0)
+    return token, carry + block_total
 
 
 @triton.jit

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from kernels.layout import tree_mask_offsets
 from kernels.reference.chain import PROB_SCALE
+from kernels.triton_impl.chain import draw_in_block
 
 _BLOCK_NODES = 16  # nodes (or rows) walked at once
 _BLOCK_ENTRIES = 256  # tree mask entries written at once
@@ -159,12 +160,7 @@ def _tree_sample_kernel(draft_ptr, parent_ptr, cu_ptr, probs_ptr, uniform_ptr, u
     for start in range(0, vocab, BLOCK_V):
         weights, left_weights = _final_weights(p_row, start, vocab, draft_ptr, parent_ptr, first, num_nodes,
                                                path_end, PROB_SCALE, BLOCK_N, BLOCK_V)
-        weights = tl.where(use_left, left_weights, weights)
-        block_total = tl.sum(weights, axis=0)
-        if (carry <= threshold) & (threshold < carry + block_total):
-            cdf = carry + tl.cumsum(weights, axis=0)
-            token = start + tl.sum((cdf <= threshold).to(tl.int64), axis=0)
-        carry += block_total
+        token, carry = draw_in_block(tl.where(use_left, left_weights, weights), start, carry, threshold, token)
     tl.store(next_token_ptr + seq, token)
 
 
