@@ -13,6 +13,7 @@ that sequence only.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import time
@@ -41,22 +42,25 @@ log = logging.getLogger(__name__)
 # Share of the KV blocks admission leaves free, so that running sequences can grow a while before
 # anyone is preempted.
 ADMISSION_WATERMARK = 0.01
-# Prompt chunks beside decodes may make a step this many times its decoding part (a plain decoding step
-# of its sequences by the cost model, plus the draft tokens recent steps verified and the drafters'
-# round trip: speculation must not slow admission), priced by the cost model (a chunk deep in a long
-# prompt costs more per token), but a step always prefills at least MIN_PREFILL_CHUNK tokens: the
-# inter-token latency of running streams stays within a small multiple of a decoding step while
-# prompts keep arriving. (Three times gave the same latency ratio, but at 32 clients 9% fewer tokens
-# per second and a longer TTFT than five, measured on a 2-core EPYC: admission fell behind.)...
-PREFILL_STRETCH = 5.0
-MIN_PREFILL_CHUNK = 16
-# ...unless prompt work arrives faster than that: then each step carries PREFILL_PACE times the prefill
-# seconds arriving per step (a mean over about RECENT_STEPS steps), so that under a sustained load every
-# step carries a like share of prompts (steps stay alike, and so does the latency) and the queue drains;
-# but never more than PACED_STRETCH times the decoding part: one long prompt is a burst, not a load,
-# and must not slow every stream for many steps.
+# Prompt work rides beside the decodes in like shares, so that steps stay alike, and with them the
+# inter-token latency: a step may carry prompt work up to STEP_STRETCH - 1 times the decoding part of the
+# batch it is building (its decodes and the joining prompts as one decoding step, plus the draft tokens
+# recent steps verified and the drafters' round trip; priced by the cost model, where a chunk deep in a
+# long prompt costs more per token), so a step with prompt work costs at most STEP_STRETCH plain ones.
+# (Five times let the steps alternate between plain decodes and steps five times as long: at 32 clients
+# the median gap fell on either, and its p99 was 2.2 to 5.9 times its p50 from one run to the next.)
+# If the prompts need more, the step carries PREFILL_PACE times the prompt work arriving per step (a mean
+# over about RECENT_STEPS steps), so that under a steady load the queue drains at an even pace, or the
+# joining prompts' remaining work over DRAIN_STEPS, so that a queue built up (a burst; a closed loop
+# whose arrivals slowed because its batch shrank) drains. But a step never grows past MAX_STRETCH times
+# the decoding part: one long prompt, or a burst of them, must not slow every stream for many steps.
+# The oldest prompts go first, the step's first chunk at least MIN_PREFILL_CHUNK tokens; with nothing
+# decoding a step takes whatever its token budget holds.
+STEP_STRETCH = 3.0
 PREFILL_PACE = 1.25
-PACED_STRETCH = 8.0
+DRAIN_STEPS = 16
+MAX_STRETCH = 8.0
+MIN_PREFILL_CHUNK = 16
 RECENT_STEPS = 64
 
 
@@ -251,16 +255,27 @@ class Scheduler:
         return prefilling
 
     def _prefill_seconds(self, decoding: list[Scheduled]) -> float:
-        """Seconds of prompt work a step may carry beside its decodes: PREFILL_STRETCH - 1 times its
-        decoding part by the cost model, so that prompts arriving under load never stall the streams,
-        or, if prompt work arrives faster, PREFILL_PACE times its pace up to PACED_STRETCH - 1 times.
-        No limit when nothing decodes."""
+        """Seconds of prompt work a step may carry beside its decodes: STEP_STRETCH - 1 times the decoding
+        part of the batch once the joining prompts are in it, or, if more, PREFILL_PACE times the prompt
+        work arriving per step or their remaining work over DRAIN_STEPS, but never more than
+        MAX_STRETCH - 1 times that decoding part. No limit when nothing decodes."""
         if not decoding:
             return math.inf
-        plain = StepShape.of((item.seq.num_computed, 1) for item in decoding)
+        joining = self._joining()
+        plain = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
+                             + [(seq.prefill_target, 1) for seq in joining])
         decoding_part = self._cost.predict(plain) + self._draft_seconds + self._round_trip
-        paced = min(PREFILL_PACE * self._prompt_arrivals, (PACED_STRETCH - 1) * decoding_part)
-        return max((PREFILL_STRETCH - 1) * decoding_part, paced)
+        backlog = sum(self._cost.chunk_seconds(seq.num_computed, seq.prefill_target - seq.num_computed)
+                      for seq in joining)
+        wanted = max((STEP_STRETCH - 1) * decoding_part, PREFILL_PACE * self._prompt_arrivals, backlog / DRAIN_STEPS)
+        return min(wanted, (MAX_STRETCH - 1) * decoding_part)
+
+    def _joining(self) -> list[Sequence]:
+        """The sequences whose prompts the running batch is taking in: the running ones still in their
+        prefill, and as many waiting ones as it has room for."""
+        prefilling = [s for s in self._running if s.in_prefill]
+        room = max(self._max_num_seqs - len(self._running), 0)
+        return prefilling + list(itertools.islice(self._waiting, room))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs, and
