@@ -233,6 +233,23 @@ async def test_prompts_arriving_faster_than_the_stretch_allows_are_prefilled_at_
         assert backlog < 8 * 220
 
 
+async def test_waiting_prompts_are_priced_against_the_batch_they_build_not_the_few_sequences_decoding(
+        tiny_model_dir):
+    cost = measured_cost(lambda shape: 0.020 + 0.0005 * shape.tokens)  # 20 ms a step plus 0.5 ms a token
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=4096, cost_model=cost) as scheduler:
+        short = sequence("short", max_tokens=40)
+        scheduler.submit(short)
+        await short.outputs.get()
+        waiting = [sequence(f"w{i}", prompt_of(i, 16), max_tokens=2) for i in range(30)]
+        for seq in waiting:
+            scheduler.submit(seq)
+        while not any(seq.num_computed for seq in waiting):
+            await short.outputs.get()
+        # The first step that takes them in: the batch they build, 31 sequences, decodes in 35.5 ms, and twice that
+        # holds 8 of the 16-token prompts (8 ms each). Priced against the one sequence decoding (20.5 ms), 5 would.
+        assert sum(seq.num_computed > 0 for seq in waiting) >= 8
+
+
 async def test_one_long_prompt_is_a_burst_not_a_load_its_pace_never_makes_a_step_eight_decoding_steps(
         tiny_model_dir):
     cost = measured_cost(lambda shape: 0.020 + 0.008 * shape.tokens)  # 20 ms a step plus 8 ms a token

@@ -3,7 +3,7 @@ import pytest
 
 from specd.drafts import DraftTree
 from target_svc.cost_model import StepCostModel, StepShape
-from target_svc.drafting.length import choose_drafts
+from target_svc.drafting.length import DRAFT_MARGIN, choose_drafts
 
 
 def linear_cost(fixed: float, per_token: float) -> StepCostModel:
@@ -29,6 +29,14 @@ def test_alone_a_draft_is_verified_while_its_tokens_carry_more_than_they_cost():
     assert lengths([[0.9] * 8]) == [8]
     assert lengths([[0.01] * 8]) == [0]  # 0.01 of a token for 2.5% of a step: not worth it
     assert lengths([[0.9, 0.9, 0.01, 0.9]]) == [2]  # cut where the reach falls
+
+
+def test_a_draft_token_must_pay_for_itself_with_a_margin_to_spare():
+    # Alone, a draft token costs 0.5 ms on a 20.5 ms step: worth its price from 0.0244 of a token, but kept only
+    # with DRAFT_MARGIN to spare, since the cost model does not price everything a draft costs.
+    pays = 0.0005 / 0.0205
+    assert lengths([[pays * (1 + DRAFT_MARGIN / 2)]]) == [0]
+    assert lengths([[pays * (1 + DRAFT_MARGIN * 1.5)]]) == [1]
 
 
 def test_under_load_the_same_drafts_are_cut_and_at_high_load_dropped():
