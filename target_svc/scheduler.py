@@ -234,11 +234,14 @@ class Scheduler:
         return decoding + prefilling
 
     def _plan_prefills(self, decoding: list[Scheduled]) -> list[Scheduled]:
+        in_prefill = [s for s in self._running if s.in_prefill]
+        room = max(self._max_num_seqs - len(self._running), 0)
+        joining = in_prefill + list(itertools.islice(self._waiting, room))  # the prompts this batch takes in
         budget = _PrefillBudget(self._max_step_tokens - sum(1 + len(item.draft) for item in decoding),
-                                self._prefill_seconds(decoding))
+                                self._prefill_seconds(decoding, joining))
         free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
         prefilling: list[Scheduled] = []
-        for seq in [s for s in self._running if s.in_prefill]:
+        for seq in in_prefill:
             item = self._chunk(seq, budget, free, first=not prefilling)
             if item is None:  # the budget or the memory is spent: later prompts, new ones too, wait their turn
                 return prefilling
@@ -254,14 +257,13 @@ class Scheduler:
             free -= self._new_blocks(item)
         return prefilling
 
-    def _prefill_seconds(self, decoding: list[Scheduled]) -> float:
+    def _prefill_seconds(self, decoding: list[Scheduled], joining: list[Sequence]) -> float:
         """Seconds of prompt work a step may carry beside its decodes: STEP_STRETCH - 1 times the decoding
         part of the batch once the joining prompts are in it, or, if more, PREFILL_PACE times the prompt
         work arriving per step or their remaining work over DRAIN_STEPS, but never more than
         MAX_STRETCH - 1 times that decoding part. No limit when nothing decodes."""
         if not decoding:
             return math.inf
-        joining = self._joining()
         plain = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
                              + [(seq.prefill_target, 1) for seq in joining])
         decoding_part = self._cost.predict(plain) + self._draft_seconds + self._round_trip
@@ -269,13 +271,6 @@ class Scheduler:
                       for seq in joining)
         wanted = max((STEP_STRETCH - 1) * decoding_part, PREFILL_PACE * self._prompt_arrivals, backlog / DRAIN_STEPS)
         return min(wanted, (MAX_STRETCH - 1) * decoding_part)
-
-    def _joining(self) -> list[Sequence]:
-        """The sequences whose prompts the running batch is taking in: the running ones still in their
-        prefill, and as many waiting ones as it has room for."""
-        prefilling = [s for s in self._running if s.in_prefill]
-        room = max(self._max_num_seqs - len(self._running), 0)
-        return prefilling + list(itertools.islice(self._waiting, room))
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs, and
