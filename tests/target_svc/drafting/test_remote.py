@@ -120,8 +120,11 @@ async def test_a_drafter_down_when_the_target_starts_costs_speed_then_serves_onc
             stub = target_pb2_grpc.TargetStub(channel)
 
             async def generate(method, **options):
+                # 48 tokens: the drafting gate, which saw asks fail while the drafter was down, re-asks within
+                # 8 steps; 16 tokens left too few steps for a draft to show in about half the runs (1 in 5
+                # without the draft margin)
                 request = target_pb2.TargetGenerateRequest(
-                    prompt_token_ids=LOOPING_PROMPT, sampling=common_pb2.SamplingParams(max_tokens=16),
+                    prompt_token_ids=LOOPING_PROMPT, sampling=common_pb2.SamplingParams(max_tokens=48),
                     speculative=common_pb2.SpeculativeConfig(method=method, options=options_to_pb(options)))
                 chunks = [c async for c in stub.Generate(request)]
                 return [t for c in chunks for t in c.token_ids], chunks[-1].usage
