@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.runner import ModelRunner, SequenceInput
+from engine.config import EngineConfig
+from engine.runner import ModelRunner, SequenceInput
 
 NEW_TOKENS = (1, 2, 4, 8, 16, 32)
 WARMUP = 2

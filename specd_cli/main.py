@@ -157,7 +157,7 @@ def _scheduler_args(args: argparse.Namespace) -> list[str]:
 
 
 def _engine_of(args: argparse.Namespace):
-    from target_svc.engine.config import EngineConfig
+    from engine.config import EngineConfig
     try:
         return EngineConfig.parse(args.device, args.dtype)
     except ValueError as err:

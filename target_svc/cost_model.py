@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
-from target_svc.engine.runner import ModelRunner, SequenceInput
+from engine.runner import ModelRunner, SequenceInput
 
 class Coefficients(NamedTuple):
     """Seconds: per step, per new token, per token of the sequences' lengths, per query-key pair."""

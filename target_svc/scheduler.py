@@ -33,7 +33,7 @@ from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.drafting.gate import DraftingGate
 from target_svc.drafting.length import choose_drafts
 from target_svc.metrics import TargetMetrics
-from target_svc.engine.runner import ModelRunner, SequenceInput
+from engine.runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, SequenceStatus, StepOutput
 from target_svc.verifier import VerifyInput, VerifyResult, verify
 

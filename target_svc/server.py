@@ -17,8 +17,8 @@ from target_svc.drafting.base import DraftSource
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.registry import IN_TARGET_SOURCES
 from target_svc.drafting.remote import RemoteDrafter
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.runner import ModelRunner
+from engine.config import EngineConfig
+from engine.runner import ModelRunner
 from target_svc.metrics import TargetMetrics
 from target_svc.scheduler import Scheduler
 from target_svc.servicer import TargetServicer

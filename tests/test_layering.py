@@ -2,8 +2,9 @@
 
 Nothing is imported: every module of the project's packages is parsed, and every import in it counts,
 at module level or inside a function, under `if TYPE_CHECKING:` too, and `importlib.import_module("...")`
-with a literal name. The layers, from the ground up: kernels; the shared package specd (its generated
-stubs specd/v1 included); the services drafter_svc, target_svc, gateway; the CLI specd_cli above them.
+with a literal name. The layers, from the ground up: kernels; the model engine (the target's and the model
+drafters' Llama math and paged KV cache); the shared package specd (its generated stubs specd/v1 included);
+the services drafter_svc, target_svc, gateway; the CLI specd_cli above them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("specd", "specd_cli", "gateway", "target_svc", "drafter_svc", "kernels")
+PACKAGES = ("specd", "specd_cli", "gateway", "target_svc", "drafter_svc", "engine", "kernels")
 SERVICES = ("gateway", "target_svc", "drafter_svc")
 
 
@@ -125,7 +126,11 @@ def test_the_shared_package_imports_no_service_and_not_the_cli():
 
 
 def test_kernels_take_tensors_and_import_nothing_of_specd_nor_grpc_nor_protobuf():
-    assert_imports_none("kernels", of=("specd", "specd_cli", *SERVICES, "grpc", "google.protobuf"))
+    assert_imports_none("kernels", of=("engine", "specd", "specd_cli", *SERVICES, "grpc", "google.protobuf"))
+
+
+def test_the_engine_is_model_math_on_kernels_and_imports_nothing_of_specd_nor_the_services_nor_grpc():
+    assert_imports_none("engine", of=("specd", "specd_cli", *SERVICES, "grpc", "google.protobuf"))
 
 
 def test_drafters_never_import_the_target_the_gateway_or_the_cli():
@@ -137,7 +142,7 @@ def test_the_target_never_imports_a_drafter_the_gateway_or_the_cli():
 
 
 def test_the_gateway_holds_no_model_code_and_imports_no_other_service_kernels_torch_or_the_cli():
-    assert_imports_none("gateway", of=("target_svc", "drafter_svc", "kernels", "specd_cli", "torch"))
+    assert_imports_none("gateway", of=("target_svc", "drafter_svc", "engine", "kernels", "specd_cli", "torch"))
 
 
 def test_no_project_modules_import_each_other_in_a_cycle():

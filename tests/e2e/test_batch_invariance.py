@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specd.model_store import resolve_model
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.runner import ModelRunner, SequenceInput
+from engine.config import EngineConfig
+from engine.runner import ModelRunner, SequenceInput
 
 pytestmark = pytest.mark.e2e
 BF16 = EngineConfig(dtype=torch.bfloat16)

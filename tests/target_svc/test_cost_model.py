@@ -2,7 +2,7 @@
 import pytest
 
 from target_svc.cost_model import StepCostModel, StepShape, attention_pairs
-from target_svc.engine.runner import ModelRunner
+from engine.runner import ModelRunner
 
 
 def one(cached: int, new: int) -> StepShape:

@@ -15,8 +15,8 @@ from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.gate import PROBE_EVERY, TYPICAL_EVIDENCE
 from target_svc.metrics import TargetMetrics
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.runner import ModelRunner
+from engine.config import EngineConfig
+from engine.runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.sequence import Sequence, SequenceStatus
 

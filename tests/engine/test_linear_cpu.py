@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from target_svc.engine.linear_cpu import SPECD_BF16, PACKED, ROW_BUCKETS, LinearPlan, formulations
+from engine.linear_cpu import SPECD_BF16, PACKED, ROW_BUCKETS, LinearPlan, formulations
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -86,7 +86,7 @@ def test_row_independence_is_checked_not_assumed():
 
 def test_importing_the_engine_runs_no_probe():
     # A fresh interpreter: this one has long since probed.
-    check = ("import torch, target_svc.engine.runner, target_svc.engine.linear_cpu as m\n"
+    check = ("import torch, engine.runner, engine.linear_cpu as m\n"
              "assert m.onednn_available.cache_info().currsize == 0, 'probed at import'\n"
              "m.LinearPlan.measure([torch.ones(3, 2)], repeats=1)\n"
              "assert m.onednn_available.cache_info().currsize == 1, 'measuring did not probe'\n")

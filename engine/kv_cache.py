@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 import kernels
-from target_svc.engine.config import EngineConfig
+from engine.config import EngineConfig
 
 
 class OutOfBlocks(Exception):

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 import kernels
-from target_svc.engine.attention import PagedAttention, SeqSpan
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks, kv_bytes_per_token
-from target_svc.engine.llama import LlamaModel
+from engine.attention import PagedAttention, SeqSpan
+from engine.config import EngineConfig
+from engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks, kv_bytes_per_token
+from engine.llama import LlamaModel
 
 
 @dataclass

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 import kernels
 from kernels.layout import ancestor_mask
-from target_svc.engine.kv_cache import KVCache
-from target_svc.engine.linear_cpu import MAX_SHARED_ROWS, shared_runs
+from engine.kv_cache import KVCache
+from engine.linear_cpu import MAX_SHARED_ROWS, shared_runs
 
 
 @dataclass

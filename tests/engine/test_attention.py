@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from kernels import cpu, reference
-from target_svc.engine.attention import PagedAttention, SeqSpan, matmul_rows, tree_masks
-from target_svc.engine.kv_cache import KVCache
+from engine.attention import PagedAttention, SeqSpan, matmul_rows, tree_masks
+from engine.kv_cache import KVCache
 
 
 def test_off_the_cpu_kernel_prompts_from_their_first_token_go_through_sdpa_the_rest_to_the_paged_kernel(

@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
 import kernels
-from target_svc.engine.attention import PagedAttention
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.linear_cpu import LinearPlan, shared_runs
+from engine.attention import PagedAttention
+from engine.config import EngineConfig
+from engine.linear_cpu import LinearPlan, shared_runs
 
 
 @dataclass

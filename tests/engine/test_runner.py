@@ -3,9 +3,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.kv_cache import OutOfBlocks
-from target_svc.engine.runner import ModelRunner, SequenceInput
+from engine.config import EngineConfig
+from engine.kv_cache import OutOfBlocks
+from engine.runner import ModelRunner, SequenceInput
 
 ATOL = 1e-4
 

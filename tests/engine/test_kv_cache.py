@@ -2,8 +2,8 @@ import pytest
 import torch
 
 import kernels
-from target_svc.engine.config import EngineConfig
-from target_svc.engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks
+from engine.config import EngineConfig
+from engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks
 
 
 def test_reserve_allocates_whole_blocks():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from target_svc.engine.config import EngineConfig, runs_bf16_fast
+from engine.config import EngineConfig, runs_bf16_fast
 
 
 def test_default_is_fp32_on_cpu():
@@ -38,7 +38,7 @@ def test_auto_is_bf16_exactly_where_the_hardware_runs_it_fast():
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
-    from target_svc.engine.config import _cpu_flags
+    from engine.config import _cpu_flags
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n")

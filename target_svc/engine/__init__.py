@@ -1,2 +1,0 @@
-"""The target's model engine: config (device, dtype), llama (model math), attention (paged-attention plan),
-linear_cpu (CPU matmul choice), kv_cache (paged KV blocks), runner (one forward over a batch)."""
