@@ -60,7 +60,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         now = [entry for entry in requested if len(entry[0].appended_token_ids) <= DEFERRED_TOKENS]
         later = [entry for entry in requested if len(entry[0].appended_token_ids) > DEFERRED_TOKENS]
         appended = sum(len(update.appended_token_ids) for update, _, _ in now)
-        if self._worker_jobs == 0 and appended <= INLINE_TOKENS:
+        if self._worker_jobs == 0 and appended <= INLINE_TOKENS and not getattr(self._proposer, "runs_model", False):
             # A step's few new tokens: the hop to the worker (~0.15 ms) costs more than the work, and with
             # the worker idle the state is ours alone.
             drafts = self._propose(now)

@@ -113,12 +113,20 @@ class LlamaModel:
         self.rope = Rope(config, self.head_dim, engine)
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, engine: EngineConfig = EngineConfig()) -> LlamaModel:
+    def from_pretrained(cls, model_dir: str | Path, engine: EngineConfig = EngineConfig(),
+                        num_layers: int | None = None) -> LlamaModel:
+        """The model in `model_dir`; with num_layers, only its first layers, then its final norm and LM
+        head (a LayerSkip-style early exit: the self-speculative draft model)."""
         model_dir = Path(model_dir)
+        config = AutoConfig.from_pretrained(model_dir)
+        if num_layers is not None:
+            if not 1 <= num_layers <= config.num_hidden_layers:
+                raise ValueError(f"num_layers must be in 1..{config.num_hidden_layers}, got {num_layers}")
+            config.num_hidden_layers = num_layers
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(model_dir.glob("*.safetensors")):
             state.update(load_file(shard))
-        return cls(AutoConfig.from_pretrained(model_dir), state, engine)
+        return cls(config, state, engine)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
                 logit_rows: torch.Tensor) -> torch.Tensor:

@@ -35,13 +35,14 @@ class SequenceInput:
 class ModelRunner:
     def __init__(self, model_dir: str | Path, kv_cache_tokens: int = 16384, block_size: int = 16,
                  num_threads: int | None = None, engine: EngineConfig = EngineConfig(),
-                 kv_cache_memory_gib: float | None = None):
-        """The KV cache holds kv_cache_tokens, or as many tokens as kv_cache_memory_gib holds."""
+                 kv_cache_memory_gib: float | None = None, num_layers: int | None = None):
+        """The KV cache holds kv_cache_tokens, or as many tokens as kv_cache_memory_gib holds. num_layers:
+        run only the model's first layers (see LlamaModel.from_pretrained)."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(engine.device)
         kernels.prepare(self.device)
-        self.model = LlamaModel.from_pretrained(model_dir, engine)
+        self.model = LlamaModel.from_pretrained(model_dir, engine, num_layers)
         self.config = self.model.config
         self.vocab_size: int = self.config.vocab_size
         self.max_context_length: int = self.config.max_position_embeddings

@@ -19,7 +19,7 @@ from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
-from specd_cli.stack import DRAFTER_METHODS
+from specd_cli.stack import DRAFTER_METHODS, MODEL_DRAFTER_METHODS
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
     "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
@@ -150,6 +150,33 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
                             f"(default {defaults.MAX_WAITING})")
 
 
+def _add_draft_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("draft_model drafter")
+    group.add_argument("--draft-model", default=None,
+                       help="a smaller causal LM with the target's tokenizer: name, .gguf file or directory "
+                            "(default: the target's model)")
+    group.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                       help="run only the draft model's first N layers, then its final norm and LM head "
+                            "(LayerSkip's early exit: the target's own first layers as a self-speculative draft)")
+
+
+def _draft_model_args(args: argparse.Namespace) -> list[str]:
+    """The draft-model and engine flags as `specd serve drafter` takes them."""
+    flags = {"--draft-model": args.draft_model, "--draft-layers": args.draft_layers,
+             "--device": args.device, "--dtype": args.dtype}
+    return [item for flag, value in flags.items() if value is not None for item in (flag, str(value))]
+
+
+def _proposer_args(args: argparse.Namespace) -> dict:
+    """The served method's own settings from the drafter's flags."""
+    if args.method == "suffix":
+        return {"max_cached_requests": args.max_cached_requests}
+    if args.method in MODEL_DRAFTER_METHODS:
+        return {"model": args.draft_model or args.model, "num_layers": args.draft_layers, "device": args.device,
+                "dtype": args.dtype, "kv_cache_tokens": args.kv_cache_tokens, "num_threads": args.threads}
+    return {}
+
+
 def _scheduler_args(args: argparse.Namespace) -> list[str]:
     """The capacity flags as `specd serve target` takes them."""
     return [item for name in SCHEDULER_FLAGS if (value := getattr(args, name)) is not None
@@ -177,6 +204,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     help=f"the drafter services to start, comma-separated (default {','.join(DRAFTER_METHODS)})")
     _add_engine_flags(up)
     _add_scheduler_flags(up)
+    _add_draft_model_flags(up)
     up.set_defaults(run=_up)
 
     serve = commands.add_parser("serve", help="start one service")
@@ -215,6 +243,13 @@ def _build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--max-cached-requests", type=int, default=MAX_CACHED_REQUESTS,
                          help="suffix: finished requests whose outputs the global suffix tree keeps, newest first; "
                               f"0 turns it off (default {MAX_CACHED_REQUESTS})")
+    drafter.add_argument("--model", default=DEFAULT_MODEL,
+                         help=f"model drafters: the target's model, name, .gguf file or directory (default {DEFAULT_MODEL})")
+    _add_draft_model_flags(drafter)
+    _add_engine_flags(drafter)
+    drafter.add_argument("--kv-cache-tokens", type=int, default=65536,
+                         help="model drafters: their own KV cache, in tokens (default 65536)")
+    drafter.add_argument("--threads", type=int, default=None, help="model drafters: torch threads (default: torch's)")
     drafter.add_argument("--max-sequences", type=int, default=defaults.DRAFTER_MAX_SEQUENCES,
                          help="sequences held at most; the least recently used beyond are dropped "
                               f"(default {defaults.DRAFTER_MAX_SEQUENCES})")
@@ -311,9 +346,8 @@ def _serve(args: argparse.Namespace) -> int:
         from drafter_svc.sequences import SequenceRegistry
         from drafter_svc.server import serve
         sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
-        proposer_args = {"max_cached_requests": args.max_cached_requests} if args.method == "suffix" else {}
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
-                          sequences=sequences, grace=args.shutdown_grace, proposer_args=proposer_args))
+                          sequences=sequences, grace=args.shutdown_grace, proposer_args=_proposer_args(args)))
     return 0
 
 
@@ -321,7 +355,7 @@ def _up(args: argparse.Namespace) -> int:
     from specd_cli.stack import run_stack
     _engine_of(args)  # a bad value is refused here, not by the target after the others started
     return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype, *_scheduler_args(args)],
-                     args.drafters)
+                     args.drafters, _draft_model_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

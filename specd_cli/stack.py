@@ -26,6 +26,9 @@ STABLE_AFTER_S = 60.0
 # Every CPU drafter; `specd up` starts them all unless told which. The first is the default
 # deployment's `method` (gateway and target fall back to it): n-gram prompt lookup.
 DRAFTER_METHODS = ("ngram", "suffix", "trie")
+# The drafters that run a model, started on request (`specd up --drafters ngram,draft_model`).
+MODEL_DRAFTER_METHODS = ("draft_model",)
+ALL_DRAFTER_METHODS = (*DRAFTER_METHODS, *MODEL_DRAFTER_METHODS)
 
 
 def drafter_service(method: str) -> str:
@@ -51,15 +54,15 @@ class StackPorts:
     on, the drafters' one after another from the drafter's default."""
     grpc: dict[str, int] = field(default_factory=lambda: {
         "gateway": _port(defaults.GATEWAY_ADDRESS), "target": _port(defaults.TARGET_ADDRESS),
-        **{drafter_service(m): _port(defaults.DRAFTER_ADDRESS) + i for i, m in enumerate(DRAFTER_METHODS)}})
+        **{drafter_service(m): _port(defaults.DRAFTER_ADDRESS) + i for i, m in enumerate(ALL_DRAFTER_METHODS)}})
     metrics: dict[str, int] = field(default_factory=lambda: {
         "gateway": _port(defaults.GATEWAY_METRICS_ADDRESS), "target": _port(defaults.TARGET_METRICS_ADDRESS),
-        **{drafter_service(m): _port(defaults.DRAFTER_METRICS_ADDRESS) + i for i, m in enumerate(DRAFTER_METHODS)}})
+        **{drafter_service(m): _port(defaults.DRAFTER_METRICS_ADDRESS) + i for i, m in enumerate(ALL_DRAFTER_METHODS)}})
 
     @classmethod
     def free(cls) -> StackPorts:
         """Free ports for every service: a stack beside any other (tests, benchmarks)."""
-        services = ["gateway", "target", *map(drafter_service, DRAFTER_METHODS)]
+        services = ["gateway", "target", *map(drafter_service, ALL_DRAFTER_METHODS)]
         ports = iter(free_ports(2 * len(services)))
         return cls({s: next(ports) for s in services}, {s: next(ports) for s in services})
 
@@ -74,6 +77,7 @@ class Stack:
     host: str = "127.0.0.1"
     threads: int | None = None
     extra_target_args: list[str] = field(default_factory=list)
+    model_drafter_args: list[str] = field(default_factory=list)  # engine and draft-model flags of model drafters
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
 
@@ -96,10 +100,13 @@ class Stack:
         role = "drafter" if service.startswith("drafter-") else service
         base = [sys.executable, "-m", "specd_cli.main", "serve", role, "--listen", self.address(service),
                 "--metrics-listen", f"{self.host}:{self.ports.metrics[service]}"]
+        threads = ["--threads", str(self.threads)] if self.threads else []
         if role == "drafter":
-            return [*base, "--method", service.removeprefix("drafter-")]
+            method = service.removeprefix("drafter-")
+            if method in MODEL_DRAFTER_METHODS:
+                return [*base, "--method", method, "--model", self.model, *threads, *self.model_drafter_args]
+            return [*base, "--method", method]
         if service == "target":
-            threads = ["--threads", str(self.threads)] if self.threads else []
             drafters = [arg for m in self.drafters for arg in ("--drafter", f"{m}={self.address(drafter_service(m))}")]
             return [*base, "--model", self.model, *drafters, *threads, *self.extra_target_args]
         return [*base, "--model", self.model, "--target", self.address("target")]
@@ -172,8 +179,9 @@ class Stack:
 
 
 def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None,
-              drafters: tuple[str, ...] = DRAFTER_METHODS) -> int:
-    stack = Stack(model=model, threads=threads, extra_target_args=target_args or [], drafters=drafters)
+              drafters: tuple[str, ...] = DRAFTER_METHODS, model_drafter_args: list[str] | None = None) -> int:
+    stack = Stack(model=model, threads=threads, extra_target_args=target_args or [], drafters=drafters,
+                  model_drafter_args=model_drafter_args or [])
     try:
         stack.up()
     except (RuntimeError, TimeoutError) as err:

@@ -33,4 +33,5 @@ class Proposer(Protocol):
         """The sequence finished (or was evicted); a proposer that learns across sequences learns here."""
 
     # Optional: `sizes() -> dict[str, int]`, what the proposer keeps across sequences by kind, exported
-    # as the specd_drafter_proposer_state gauge.
+    # as the specd_drafter_proposer_state gauge; `runs_model = True`, for a proposer that runs a model:
+    # the servicer then always calls it on its worker thread, never on the event loop.

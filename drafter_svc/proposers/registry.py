@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from drafter_svc.proposers.base import Proposer
+from drafter_svc.proposers.draft_model import DraftModelProposer
 from drafter_svc.proposers.ngram import NgramProposer
 from drafter_svc.proposers.suffix import SuffixProposer
 from drafter_svc.proposers.trie import TrieProposer
@@ -18,3 +19,4 @@ def register(proposer: type[Proposer]) -> type[Proposer]:
 register(NgramProposer)
 register(SuffixProposer)
 register(TrieProposer)
+register(DraftModelProposer)

@@ -291,3 +291,14 @@ def test_the_runner_says_whether_its_logits_are_batch_invariant(tiny_model_dir, 
     assert bf16.batch_invariant  # the packed bf16 matmul (or oneDNN's) keeps rows independent, the kernel too
     monkeypatch.setenv("SPECD_KERNELS", "torch")  # the reference attention promises nothing
     assert not bf16.batch_invariant
+
+
+def test_an_early_exit_runs_the_first_layers_then_the_final_norm_and_lm_head(tiny_model_dir):
+    """num_layers=1 is the model transformers loads with one layer from the same files (LayerSkip's draft)."""
+    early = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, num_hidden_layers=1).eval()
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64, block_size=4, num_layers=1)
+    ids = tokens(9, seed=5)
+    logits = runner.forward([SequenceInput("s", ids, start_position=0, num_logits=len(ids))])
+    assert_close(logits, reference(early, ids))
+    with pytest.raises(ValueError, match="num_layers"):
+        ModelRunner(tiny_model_dir, kv_cache_tokens=64, num_layers=3)

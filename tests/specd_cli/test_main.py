@@ -32,3 +32,15 @@ def test_specd_up_hands_its_capacity_flags_to_the_target_as_serve_target_reads_t
     target = parser.parse_args(["serve", "target", *_scheduler_args(up)])
     assert {name: getattr(target, name) for name in SCHEDULER_FLAGS} == \
         {"kv_cache_tokens": 4096, "kv_cache_memory": 0.5, "max_num_seqs": 8, "max_step_tokens": 256, "max_waiting": 3}
+
+
+def test_specd_up_hands_the_draft_model_flags_to_its_model_drafters_only():
+    from specd_cli.main import _build_parser, _draft_model_args, _proposer_args
+    from specd_cli.stack import Stack
+    parser = _build_parser()
+    up = parser.parse_args(["up", "--drafters", "ngram,draft_model", "--draft-layers", "8", "--dtype", "bfloat16"])
+    stack = Stack(model="some-model", drafters=up.drafters, model_drafter_args=_draft_model_args(up))
+    assert stack.command("drafter-ngram")[-2:] == ["--method", "ngram"]
+    drafter = parser.parse_args(stack.command("drafter-draft_model")[3:])  # past `python -m specd_cli.main`
+    assert _proposer_args(drafter) == {"model": "some-model", "num_layers": 8, "device": "auto", "dtype": "bfloat16",
+                                       "kv_cache_tokens": 65536, "num_threads": None}
