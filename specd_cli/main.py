@@ -244,7 +244,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="suffix: finished requests whose outputs the global suffix tree keeps, newest first; "
                               f"0 turns it off (default {MAX_CACHED_REQUESTS})")
     drafter.add_argument("--model", default=DEFAULT_MODEL,
-                         help=f"model drafters: the target's model, name, .gguf file or directory (default {DEFAULT_MODEL})")
+                         help="model drafters: the target's model, name, .gguf file or directory "
+                              f"(default {DEFAULT_MODEL})")
     _add_draft_model_flags(drafter)
     _add_engine_flags(drafter)
     drafter.add_argument("--kv-cache-tokens", type=int, default=65536,
