@@ -131,7 +131,15 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
                 logit_rows: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] (RoPE positions); logit_rows [R] -> fp32 logits [R, V]."""
-        h = F.embedding(input_ids, self.embed)  # [T, D]: the residual stream, updated in place
+        return self.logits(self.final_hidden(self.embedding(input_ids), positions, attention), logit_rows)
+
+    def embedding(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> [T, D]"""
+        return F.embedding(input_ids, self.embed)
+
+    def final_hidden(self, h: torch.Tensor, positions: torch.Tensor, attention: PagedAttention) -> torch.Tensor:
+        """The residual stream [T, D] from the input embeddings `h` through every layer (h is updated in place),
+        before the final norm."""
         cos, sin = self.rope.tables(positions)
         x = kernels.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
         for i, layer in enumerate(self.layers):
@@ -141,8 +149,16 @@ class LlamaModel:
                 x = kernels.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, self.eps)
             else:
                 h.add_(mlp)
+        return h
+
+    def normed(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm of residual rows h [R, D]: the features the LM head reads (and EAGLE's input)."""
+        return kernels.add_rms_norm(h, None, self.norm, self.eps)
+
+    def logits(self, h: torch.Tensor, logit_rows: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [R, V] of the residual rows `logit_rows` of h [T, D]."""
         # The norm is per row, so gathering first keeps the vocab projection to the rows wanted.
-        last = kernels.add_rms_norm(h[logit_rows], None, self.norm, self.eps)
+        last = self.normed(h[logit_rows])
         return self.linear.by_rows(last, self.lm_head, shared_runs(0, last.shape[0])).float()  # the verifier needs fp32
 
     def _attention(self, i: int, layer: LayerWeights, x, cos, sin, attention: PagedAttention):

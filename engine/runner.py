@@ -47,6 +47,10 @@ class ModelRunner:
         self.vocab_size: int = self.config.vocab_size
         self.max_context_length: int = self.config.max_position_embeddings
         self.eos_token_ids: list[int] = _eos_token_ids(Path(model_dir), self.config)
+        self._make_cache(kv_cache_tokens, block_size, engine, kv_cache_memory_gib)
+
+    def _make_cache(self, kv_cache_tokens: int, block_size: int, engine: EngineConfig,
+                    kv_cache_memory_gib: float | None = None) -> None:
         if kv_cache_memory_gib is not None:
             bytes_per_token = kv_bytes_per_token(self.config.num_hidden_layers, self.model.num_kv_heads,
                                                  self.model.head_dim, engine.dtype)
@@ -77,15 +81,28 @@ class ModelRunner:
         whatever the engine's dtype.
         Committed lengths are the caller's: it calls allocator.truncate to roll back.
         """
+        return self.forward_with_features(batch, [])[0]
+
+    def forward_with_features(self, batch: list[SequenceInput],
+                              feature_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, and the final-normed hidden states [len(feature_rows), D] (in the engine's dtype) of the
+        new tokens at those flattened rows: the features an EAGLE head drafts from."""
+        attention, input_ids, positions, logit_rows = self._plan(batch)
+        with torch.inference_mode():
+            h = self.model.final_hidden(self.model.embedding(input_ids), positions, attention)  # [T, D]
+            rows = torch.tensor(feature_rows, dtype=torch.int64, device=self.device)
+            features = self.model.normed(h[rows]) if feature_rows else h[rows]
+            return self.model.logits(h, logit_rows), features
+
+    def _plan(self, batch: list[SequenceInput]) -> tuple[PagedAttention, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Checks the batch, reserves its KV capacity, and lays it out: the attention plan, then token ids,
+        positions [T] and logit rows [R]."""
         self._validate(batch)
         self._reserve_all(batch)
         spans = [SeqSpan(s.start_position, len(s.token_ids), self.allocator.block_table(s.seq_id), s.parents)
                  for s in batch]
         write_slots = torch.cat([self.allocator.slots(s.seq_id, s.start_position, _end(s)) for s in batch])  # [T]
-        attention = PagedAttention(spans, write_slots, self.cache)
-        input_ids, positions, logit_rows = self._flatten(batch)
-        with torch.inference_mode():
-            return self.model.forward(input_ids, positions, attention, logit_rows)
+        return PagedAttention(spans, write_slots, self.cache), *self._flatten(batch)
 
     def keep_path(self, seq_id: str, first: int, path: Sequence[int]) -> None:
         """A verified draft tree's accepted nodes `path` (by their index among the draft's nodes, whose

@@ -302,3 +302,12 @@ def test_an_early_exit_runs_the_first_layers_then_the_final_norm_and_lm_head(tin
     assert_close(logits, reference(early, ids))
     with pytest.raises(ValueError, match="num_layers"):
         ModelRunner(tiny_model_dir, kv_cache_tokens=64, num_layers=3)
+
+
+def test_the_features_are_the_final_normed_hidden_states_transformers_gives(runner, hf_model):
+    ids = tokens(7, seed=6)
+    logits, features = runner.forward_with_features([SequenceInput("s", ids, 0, num_logits=1)], [0, 3, 6])
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]  # after the norm
+    assert_close(features, expected[[0, 3, 6]])
+    assert_close(logits, reference(hf_model, ids)[-1:])
