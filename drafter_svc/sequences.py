@@ -14,6 +14,40 @@ from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_SEQUENCE_ID_CHARS
 from specd.v1 import drafter_pb2
 
 
+# Bytes per value of each dtype features may come in.
+FEATURE_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MAX_HIDDEN_SIZE = 65536
+
+
+@dataclass(frozen=True)
+class FeaturesUpdate:
+    """The target's features of consecutive tokens from `start_position` on, as it sent them (the proposer
+    that drafts from them decodes the bytes)."""
+    start_position: int
+    hidden_size: int
+    dtype: str
+    data: bytes
+
+    @property
+    def rows(self) -> int:
+        return len(self.data) // (self.hidden_size * FEATURE_DTYPE_BYTES[self.dtype])
+
+    @classmethod
+    def from_pb(cls, pb: drafter_pb2.Features, field_prefix: str) -> FeaturesUpdate:
+        if pb.dtype not in FEATURE_DTYPE_BYTES:
+            raise InvalidArgument(f"{field_prefix}.dtype", f"must be one of {', '.join(FEATURE_DTYPE_BYTES)}, "
+                                  f"got {pb.dtype!r}")
+        if not 0 < pb.hidden_size <= MAX_HIDDEN_SIZE:
+            raise InvalidArgument(f"{field_prefix}.hidden_size",
+                                  f"must be in 1..{MAX_HIDDEN_SIZE}, got {pb.hidden_size}")
+        if pb.start_position < 0:
+            raise InvalidArgument(f"{field_prefix}.start_position", f"must be >= 0, got {pb.start_position}")
+        if len(pb.data) % (pb.hidden_size * FEATURE_DTYPE_BYTES[pb.dtype]):
+            raise InvalidArgument(f"{field_prefix}.data", f"{len(pb.data)} bytes are not whole rows of "
+                                  f"{pb.hidden_size} {pb.dtype} values")
+        return cls(pb.start_position, pb.hidden_size, pb.dtype, pb.data)
+
+
 @dataclass(frozen=True)
 class SequenceUpdate:
     """Committed tokens from `start_position` on, as the target last saw them."""
@@ -21,6 +55,7 @@ class SequenceUpdate:
     start_position: int
     appended_token_ids: list[int]
     prompt_length: int = 0  # from position 0 only: how many of the tokens are the prompt
+    features: FeaturesUpdate | None = None  # to drafters that draft from the target's features
 
     @classmethod
     def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str) -> SequenceUpdate:
@@ -36,7 +71,8 @@ class SequenceUpdate:
         if pb.start_position == 0 and not 0 <= pb.prompt_length <= len(pb.appended_token_ids):
             raise InvalidArgument(f"{field_prefix}.prompt_length", f"must be in 0..{len(pb.appended_token_ids)} "
                                   f"(the tokens sent), got {pb.prompt_length}")
-        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids), pb.prompt_length)
+        features = FeaturesUpdate.from_pb(pb.features, f"{field_prefix}.features") if pb.HasField("features") else None
+        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids), pb.prompt_length, features)
 
 
 @dataclass
@@ -69,6 +105,8 @@ class SequenceState:
         self.prompt_length = 0  # the first tokens that are the prompt (the rest its output so far)
         # Whatever the proposer keeps per sequence (an n-gram index); it lives and dies with the sequence.
         self.proposer_state: Any = None
+        # Features received and not yet taken in by the proposer (only for one that drafts from them).
+        self.new_features: list[FeaturesUpdate] = []
         self._expected: list[int] = []
         self._expected_at = 0
 
@@ -137,6 +175,8 @@ class SequenceRegistry:
         held = len(state.tokens)
         applied = state.apply(update.start_position, update.appended_token_ids)
         self.tokens_held += len(state.tokens) - held
+        if applied and update.features is not None and update.features.data:
+            state.new_features.append(update.features)
         return state if applied else None
 
     def release(self, sequence_id: str) -> SequenceState | None:

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from drafter_svc.metrics import DrafterMetrics
 from drafter_svc.proposers.base import DraftRequest, Proposer
@@ -161,6 +162,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         for i, pb in enumerate(request.sequences):
             field = f"sequences[{i}]"
             update = SequenceUpdate.from_pb(pb, field)
+            if update.features is not None and not self._proposer.schema.wants_features:
+                update = replace(update, features=None)  # nothing here would ever take them in
             if update.sequence_id in seen:
                 raise InvalidArgument(f"{field}.sequence_id", f"{update.sequence_id!r} appears twice in one request")
             seen.add(update.sequence_id)

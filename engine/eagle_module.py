@@ -40,7 +40,8 @@ class EagleHeadModule(nn.Module):
         b, t, _ = features.shape
         h = self.fc(torch.cat([F.embedding(input_ids, self.embed), features], dim=-1))  # [B, T, D]
         x = _rms_norm(h, self.input_norm, c.rms_norm_eps)
-        q, k, v = (proj(x).view(b, t, -1, c.head_dim).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (proj(x).view(b, t, -1, c.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))  # [B, H or KV, T, Dh]
         cos, sin = self._rope(t, x.device)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, T, Dh]

@@ -13,6 +13,9 @@ MAX_SEQUENCE_ID_CHARS = 64
 MAX_PROPOSE_SEQUENCES = 1024
 MAX_DRAFTER_SEQUENCE_TOKENS = 131072
 MAX_PROPOSE_TOKENS = 262144
+# Features (EAGLE's input, ~1.1 KB a token for the default model) in one Propose, within the 16 MiB
+# message bound: a longer prompt's go over several steps.
+MAX_PROPOSE_FEATURE_BYTES = 12 * 1024 * 1024
 MAX_RELEASE_SEQUENCES = 4096
 
 # Speculative options (SpeculativeConfig.options): how many, and how long a name or string value.

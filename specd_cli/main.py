@@ -20,7 +20,7 @@ from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
 from specd_cli.train import cli as train_cli
-from specd_cli.stack import DRAFTER_METHODS, MODEL_DRAFTER_METHODS
+from specd_cli.stack import DRAFTER_METHODS
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
     "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
@@ -152,18 +152,21 @@ def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_draft_model_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("draft_model drafter")
+    group = parser.add_argument_group("model drafters (draft_model, eagle)")
     group.add_argument("--draft-model", default=None,
                        help="a smaller causal LM with the target's tokenizer: name, .gguf file or directory "
                             "(default: the target's model)")
     group.add_argument("--draft-layers", type=int, default=None, metavar="N",
                        help="run only the draft model's first N layers, then its final norm and LM head "
                             "(LayerSkip's early exit: the target's own first layers as a self-speculative draft)")
+    group.add_argument("--eagle-head", default=None, metavar="DIR",
+                       help="eagle: a head directory from `specd train eagle` (default: the head shipped for "
+                            "the model)")
 
 
 def _draft_model_args(args: argparse.Namespace) -> list[str]:
     """The draft-model and engine flags as `specd serve drafter` takes them."""
-    flags = {"--draft-model": args.draft_model, "--draft-layers": args.draft_layers,
+    flags = {"--draft-model": args.draft_model, "--draft-layers": args.draft_layers, "--eagle-head": args.eagle_head,
              "--device": args.device, "--dtype": args.dtype}
     return [item for flag, value in flags.items() if value is not None for item in (flag, str(value))]
 
@@ -172,9 +175,12 @@ def _proposer_args(args: argparse.Namespace) -> dict:
     """The served method's own settings from the drafter's flags."""
     if args.method == "suffix":
         return {"max_cached_requests": args.max_cached_requests}
-    if args.method in MODEL_DRAFTER_METHODS:
-        return {"model": args.draft_model or args.model, "num_layers": args.draft_layers, "device": args.device,
-                "dtype": args.dtype, "kv_cache_tokens": args.kv_cache_tokens, "num_threads": args.threads}
+    engine = {"device": args.device, "dtype": args.dtype, "kv_cache_tokens": args.kv_cache_tokens,
+              "num_threads": args.threads}
+    if args.method == "draft_model":
+        return {"model": args.draft_model or args.model, "num_layers": args.draft_layers, **engine}
+    if args.method == "eagle":
+        return {"head": args.eagle_head, "model": args.model, **engine}
     return {}
 
 

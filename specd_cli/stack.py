@@ -26,8 +26,8 @@ STABLE_AFTER_S = 60.0
 # Every CPU drafter; `specd up` starts them all unless told which. The first is the default
 # deployment's `method` (gateway and target fall back to it): n-gram prompt lookup.
 DRAFTER_METHODS = ("ngram", "suffix", "trie")
-# The drafters that run a model, started on request (`specd up --drafters ngram,draft_model`).
-MODEL_DRAFTER_METHODS = ("draft_model",)
+# The drafters that run a model, started on request (`specd up --drafters ngram,eagle`).
+MODEL_DRAFTER_METHODS = ("draft_model", "eagle")
 ALL_DRAFTER_METHODS = (*DRAFTER_METHODS, *MODEL_DRAFTER_METHODS)
 
 

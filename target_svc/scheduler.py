@@ -33,6 +33,7 @@ from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.drafting.gate import DraftingGate
 from target_svc.drafting.length import choose_drafts
 from target_svc.metrics import TargetMetrics
+from engine.features import FeatureLog
 from engine.runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, SequenceStatus, StepOutput
 from target_svc.verifier import VerifyInput, VerifyResult, verify
@@ -348,12 +349,19 @@ class Scheduler:
         started = time.perf_counter()
         inputs = [item.input() for item in plan]
         shape = StepShape.of((i.start_position, len(i.token_ids)) for i in inputs)
-        logits = self._runner.forward(inputs)
+        feature_rows = self._feature_rows(plan, inputs)
+        if feature_rows:
+            logits, features = self._runner.forward_with_features(inputs, [r for rows in feature_rows.values()
+                                                                           for r in rows])
+        else:
+            logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
         results = verify(logits, [item.verify_input() for item in verified]) if verified else []
         for item, result in zip(verified, results):  # an accepted tree path not in place moves into place
             if not item.draft.is_chain:
                 self._runner.keep_path(item.seq.request_id, item.seq.num_computed + 1, result.path)
+        if feature_rows:
+            self._keep_features(plan, feature_rows, features, dict(zip(map(id, verified), results)))
         in_order = iter(results)
         seconds = time.perf_counter() - started
         self._cost.observe(shape, seconds)
@@ -363,6 +371,33 @@ class Scheduler:
         self._metrics.step_batch_size.observe(len(plan))
         self._metrics.step_tokens.observe(shape.tokens)
         return [next(in_order) if item.wants_logits else None for item in plan]
+
+    def _feature_rows(self, plan: list[Scheduled], inputs: list[SequenceInput]) -> dict[int, list[int]]:
+        """By plan index, the flattened rows of the step whose features the sequence's drafter drafts from:
+        every new token of a sequence that keeps a feature log from its first token on."""
+        rows, first = {}, 0
+        for index, (item, inp) in enumerate(zip(plan, inputs)):
+            seq = item.seq
+            if seq.features is None and inp.start_position == 0 and self._drafters.wants_features(seq):
+                seq.features = FeatureLog()
+            if seq.features is not None and inp.start_position <= seq.features.length:
+                rows[index] = list(range(first, first + len(inp.token_ids)))
+            first += len(inp.token_ids)
+        return rows
+
+    def _keep_features(self, plan: list[Scheduled], feature_rows: dict[int, list[int]], features: torch.Tensor,
+                       results: dict[int, VerifyResult]) -> None:
+        """Each sequence's features of the tokens it keeps: a prompt chunk's, or a decode's newest token and
+        the accepted path (its rows follow the plan's order in `features`)."""
+        at = 0
+        for index, rows in feature_rows.items():
+            item = plan[index]
+            mine = features[at:at + len(rows)]
+            at += len(rows)
+            result = results.get(id(item))
+            if item.is_decode and result is not None:
+                mine = mine[[0, *(1 + node for node in result.path)]]
+            item.seq.features.write(item.seq.num_computed, mine)
 
     # -- admission, preemption and retirement ----------------------------------
 

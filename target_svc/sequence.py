@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from engine.features import FeatureLog
 from specd.latency import TokenClock
 from specd.types import SamplingParams, SpeculativeConfig, Usage
 from specd.v1 import common_pb2
@@ -50,6 +51,8 @@ class Sequence:
     # steps since it was last asked: `DraftingGate` decides from them whether to ask.
     draft_gain: float | None = None
     unasked_steps: int = 0
+    # The target's features of its tokens by position, kept when its drafter drafts from them (EAGLE).
+    features: FeatureLog | None = None
 
     def __post_init__(self):
         # Prompt + output in one list that only grows: the decode step reads it every step.

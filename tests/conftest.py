@@ -51,3 +51,31 @@ def make_tiny_model(tmp_path_factory):
     def make(seed: int = 0, **overrides) -> Path:
         return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"), seed, **overrides)
     return make
+
+
+def write_random_head(model_dir: Path, path: Path, draft_vocab_size: int = 300, seed: int = 0):
+    """A random EAGLE head for the model in `model_dir`, saved as `specd train eagle` saves one, with its
+    training module (norm weights away from one, so a mixed-up norm shows)."""
+    from safetensors.torch import load_file
+
+    from engine.eagle import EagleConfig, save_head, target_embedding_and_lm_head
+    from engine.eagle_module import EagleHeadModule
+    from transformers import AutoConfig
+
+    embed, lm_head = target_embedding_and_lm_head(model_dir)
+    config = EagleConfig.for_target(AutoConfig.from_pretrained(model_dir), draft_vocab_size, "tiny")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = EagleHeadModule(config, embed, lm_head, torch.randperm(embed.shape[0])[:draft_vocab_size])
+        for weight in (module.input_norm, module.post_norm):
+            weight.data.uniform_(0.5, 1.5)
+    save_head(path, config, module.inference_state())
+    assert load_file(path / "model.safetensors")["fc.weight"].shape == (config.hidden_size, 2 * config.hidden_size)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tiny_head(tiny_model_dir, tmp_path_factory):
+    """A random EAGLE head for the tiny model: (its directory, its training module)."""
+    path = tmp_path_factory.mktemp("tiny-head")
+    return path, write_random_head(tiny_model_dir, path)

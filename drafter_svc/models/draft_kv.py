@@ -45,11 +45,6 @@ def cached(sequence: SequenceState, drafted: list[int]) -> None:
     sequence.proposer_state = CachedTokens(sequence.epoch, len(sequence.tokens), drafted)
 
 
-def forget(sequence: SequenceState, allocator: BlockAllocator) -> None:
-    allocator.free(sequence.sequence_id)
-    sequence.proposer_state = None
-
-
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):

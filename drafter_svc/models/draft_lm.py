@@ -15,10 +15,9 @@ import logging
 import torch
 
 from drafter_svc.models import draft_kv
+from drafter_svc.models.base import ModelDrafter
 from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.sequences import SequenceState
 from engine.config import EngineConfig
-from engine.kv_cache import OutOfBlocks
 from engine.runner import ModelRunner, SequenceInput
 from specd.drafts import DraftTree
 from specd.model_store import DEFAULT_MODEL, resolve_model
@@ -26,46 +25,17 @@ from specd.model_store import DEFAULT_MODEL, resolve_model
 log = logging.getLogger(__name__)
 
 
-class DraftLM:
+class DraftLM(ModelDrafter):
     """Chains from a draft LM run on its own paged KV cache, batched across sequences."""
 
     def __init__(self, model: str = DEFAULT_MODEL, num_layers: int | None = None, device: str = "cpu",
                  dtype: str = "float32", kv_cache_tokens: int = 65536, num_threads: int | None = None):
+        super().__init__()
         engine = EngineConfig.parse(device, dtype)
         self.runner = ModelRunner(resolve_model(model), kv_cache_tokens=kv_cache_tokens, engine=engine,
                                   num_threads=num_threads, num_layers=num_layers)
         log.info("draft model %s (%d layers) on %s %s, KV cache %d tokens", model,
                  self.runner.config.num_hidden_layers, engine.device, engine.dtype_name, kv_cache_tokens)
-        self._holders: dict[str, SequenceState] = {}  # sequences with K/V in the cache, least recent first
-
-    def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
-        for request in batch:
-            self._holders.pop(request.sequence.sequence_id, None)
-            self._holders[request.sequence.sequence_id] = request.sequence  # most recent last
-        try:
-            chains = self._draft(batch)
-        except OutOfBlocks:  # the sequences not in this step give their K/V up, then it is tried once more
-            self._forget_all_but(batch)
-            try:
-                chains = self._draft(batch)
-            except OutOfBlocks:
-                log.warning("draft KV cache too small for a step of %d sequences: no drafts", len(batch))
-                self._forget_all_but([])
-                chains = {}
-        return [chains.get(id(request.sequence), DraftTree()) for request in batch]
-
-    def release(self, sequence: SequenceState) -> None:
-        self._holders.pop(sequence.sequence_id, None)
-        draft_kv.forget(sequence, self.runner.allocator)
-
-    def _forget_all_but(self, batch: list[DraftRequest]) -> None:
-        keep = {request.sequence.sequence_id for request in batch}
-        for sequence in [s for seq_id, s in self._holders.items() if seq_id not in keep]:
-            self.release(sequence)
-
-    def sizes(self) -> dict[str, int]:
-        allocator = self.runner.allocator
-        return {"kv_blocks_used": allocator.num_blocks - allocator.num_free_blocks}
 
     def _draft(self, batch: list[DraftRequest]) -> dict[int, DraftTree]:
         """Each request's chain by id(sequence), up to its max_tokens and the model's context."""

@@ -2,19 +2,16 @@
 drafter_svc.models.draft_lm), each token with the draft model's probability of it as its estimate."""
 from __future__ import annotations
 
-from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.sequences import SequenceState
-from specd.drafts import DraftTree
+from drafter_svc.proposers.model_proposer import ModelProposer
 from specd.model_store import DEFAULT_MODEL
 from specd.options import Option, OptionSchema
 
 
-class DraftModelProposer:
+class DraftModelProposer(ModelProposer):
     schema = OptionSchema("draft_model", (
         Option("min_token_prob", "float", 0.0, minimum=0.0, maximum=1.0,
                help="end the chain after a token the draft model gives less than this probability"),
     ))
-    runs_model = True  # called on the worker thread only: model compute never runs on the event loop
 
     def __init__(self, model: str = DEFAULT_MODEL, num_layers: int | None = None, device: str = "cpu",
                  dtype: str = "float32", kv_cache_tokens: int = 65536, num_threads: int | None = None):
@@ -22,12 +19,3 @@ class DraftModelProposer:
         target's own, for a self-speculative draft)."""
         from drafter_svc.models.draft_lm import DraftLM  # torch: loaded only where a model is served
         self.model = DraftLM(model, num_layers, device, dtype, kv_cache_tokens, num_threads)
-
-    def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
-        return self.model.propose(batch)
-
-    def release(self, sequence: SequenceState) -> None:
-        self.model.release(sequence)
-
-    def sizes(self) -> dict[str, int]:
-        return self.model.sizes()

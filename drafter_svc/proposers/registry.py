@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from drafter_svc.proposers.base import Proposer
 from drafter_svc.proposers.draft_model import DraftModelProposer
+from drafter_svc.proposers.eagle import EagleProposer
 from drafter_svc.proposers.ngram import NgramProposer
 from drafter_svc.proposers.suffix import SuffixProposer
 from drafter_svc.proposers.trie import TrieProposer
@@ -20,3 +21,4 @@ register(NgramProposer)
 register(SuffixProposer)
 register(TrieProposer)
 register(DraftModelProposer)
+register(EagleProposer)

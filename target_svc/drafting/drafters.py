@@ -31,6 +31,11 @@ class Drafters:
         """Whether a source here drafts for the sequence's method."""
         return seq.speculative.method in self._sources
 
+    def wants_features(self, seq: Sequence) -> bool:
+        """Whether the sequence's drafter drafts from the target's features."""
+        source = self._sources.get(seq.speculative.method)
+        return source is not None and source.schema.wants_features
+
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         """Drafts for every (sequence, k) with k > 0, asking all sources concurrently."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}

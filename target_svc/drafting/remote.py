@@ -14,7 +14,9 @@ import grpc
 
 from specd.drafts import DraftTree
 from specd.errors import InvalidArgument
-from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES
+from engine.features import to_bytes
+from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_FEATURE_BYTES, MAX_PROPOSE_SEQUENCES,
+                          MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES)
 from specd.options import OptionSchema, options_to_pb
 from specd.rpc import insecure_channel
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
@@ -54,6 +56,8 @@ class RemoteDrafter:
         self._stream: grpc.aio.StreamStreamCall | None = None  # asks go here, one message each way per step
         self._schema: OptionSchema | None = None
         self._synced: dict[str, int] = {}
+        self._synced_features: dict[str, int] = {}  # features the drafter holds, for methods that want them
+        self._sending_features: dict[str, int] = {}  # what they will be once the pending ask is answered
         # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
         self._unreleased: set[str] = set()
         self._release_task: asyncio.Task | None = None
@@ -94,7 +98,13 @@ class RemoteDrafter:
         wanted = self._within_bounds(wanted)
         if not wanted:
             return {}
-        request = drafter_pb2.ProposeRequest(sequences=[self._update(seq, k) for seq, k in wanted])
+        feature_bytes = MAX_PROPOSE_FEATURE_BYTES
+        updates = []
+        for seq, k in wanted:
+            update = self._update(seq, k, feature_bytes)
+            feature_bytes -= len(update.features.data)
+            updates.append(update)
+        request = drafter_pb2.ProposeRequest(sequences=updates)
         started = time.perf_counter()
         try:
             response = await asyncio.wait_for(self._exchange(request), self._timeout_s)
@@ -140,14 +150,26 @@ class RemoteDrafter:
                 break
         return kept
 
-    def _update(self, seq: Sequence, k: int) -> drafter_pb2.SequenceUpdate:
+    def _update(self, seq: Sequence, k: int, feature_bytes: int) -> drafter_pb2.SequenceUpdate:
         start = self._synced.get(seq.request_id, 0)
         update = drafter_pb2.SequenceUpdate(sequence_id=seq.request_id, start_position=start,
                                             appended_token_ids=seq.tokens[start:], max_draft_tokens=k)
         if start == 0:  # the drafter keeps a sequence's options and prompt length from its first update on
             update.options.CopyFrom(options_to_pb(seq.speculative.options))
             update.prompt_length = len(seq.prompt)
+        if self.schema.wants_features and seq.features is not None:
+            update.features.CopyFrom(self._features(seq, start, feature_bytes))
         return update
+
+    def _features(self, seq: Sequence, start: int, max_bytes: int) -> drafter_pb2.Features:
+        """The features the drafter has not been sent (all from 0 when the tokens are), at most max_bytes
+        of them: the rest go with later updates."""
+        first = self._synced_features.get(seq.request_id, 0) if start else 0
+        rows = seq.features.rows(first, seq.features.length)
+        rows = rows[:max(0, max_bytes // (rows.shape[1] * rows.element_size()))]
+        dtype, data = to_bytes(rows)
+        self._sending_features[seq.request_id] = first + rows.shape[0]
+        return drafter_pb2.Features(start_position=first, hidden_size=rows.shape[1], dtype=dtype, data=data)
 
     def _accept(self, wanted: list[tuple[Sequence, int]],
                 response: drafter_pb2.ProposeResponse) -> dict[str, DraftTree]:
@@ -156,8 +178,10 @@ class RemoteDrafter:
             return {}
         drafts = {}
         for (seq, k), pb in zip(wanted, response.drafts):
-            # Only after a successful reply do we know the drafter holds every token.
+            # Only after a successful reply do we know the drafter holds every token (and feature sent).
             self._synced[seq.request_id] = 0 if pb.resync_needed else len(seq.tokens)
+            sent_features = self._sending_features.pop(seq.request_id, 0)
+            self._synced_features[seq.request_id] = 0 if pb.resync_needed else sent_features
             draft = DraftTree.from_pb(pb)
             try:
                 draft.validate("draft")
@@ -170,6 +194,7 @@ class RemoteDrafter:
     def release(self, sequence: Sequence) -> None:
         """Tell the drafter the sequence finished, in the background, retrying until it has heard
         (a drafter that restarted meanwhile holds nothing: telling it is harmless)."""
+        self._synced_features.pop(sequence.request_id, None)
         if self._synced.pop(sequence.request_id, None) is not None:
             self._unreleased.add(sequence.request_id)
         if self._unreleased and (self._release_task is None or self._release_task.done()):

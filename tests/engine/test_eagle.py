@@ -1,29 +1,18 @@
 """The EAGLE head: the paged inference head (EagleRunner) computes what the training module computes."""
 import pytest
 import torch
-from transformers import AutoConfig
 from safetensors.torch import load_file
 
-from engine.eagle import EagleConfig, EagleRunner, save_head
+from engine.eagle import EagleConfig, EagleRunner
 from engine.eagle_module import EagleHeadModule
 from engine.runner import SequenceInput
 
 DRAFT_VOCAB = 300
 
 
-@pytest.fixture(scope="module")
-def head(tiny_model_dir, tmp_path_factory):
-    """A random head for the tiny model, saved as `specd train eagle` saves one, and its module."""
-    target = load_file(tiny_model_dir / "model.safetensors")
-    embed = target["model.embed_tokens.weight"]
-    config = EagleConfig.for_target(AutoConfig.from_pretrained(tiny_model_dir), DRAFT_VOCAB, "tiny")
-    torch.manual_seed(0)
-    module = EagleHeadModule(config, embed, target.get("lm_head.weight", embed), torch.randperm(49152)[:DRAFT_VOCAB])
-    for weight in (module.input_norm, module.post_norm):  # away from ones, so a mixed-up norm shows
-        weight.data.uniform_(0.5, 1.5)
-    directory = tmp_path_factory.mktemp("head")
-    save_head(directory, config, module.inference_state())
-    return directory, module
+@pytest.fixture
+def head(tiny_head):
+    return tiny_head
 
 
 def pairs(n: int, seed: int) -> tuple[list[int], torch.Tensor]:

@@ -1,0 +1,21 @@
+"""eagle: an EAGLE head drafts from the target's features (see drafter_svc.models.eagle_drafter), each token
+with the head's probability of it as its estimate. The target sends the features to this method only."""
+from __future__ import annotations
+
+from drafter_svc.proposers.model_proposer import ModelProposer
+from specd.model_store import DEFAULT_MODEL
+from specd.options import Option, OptionSchema
+
+
+class EagleProposer(ModelProposer):
+    schema = OptionSchema("eagle", (
+        Option("min_token_prob", "float", 0.0, minimum=0.0, maximum=1.0,
+               help="end the chain after a token the head gives less than this probability"),
+    ), wants_features=True)
+
+    def __init__(self, head: str | None = None, model: str = DEFAULT_MODEL, device: str = "cpu",
+                 dtype: str = "float32", kv_cache_tokens: int = 65536, num_threads: int | None = None):
+        """`head`: a head directory (`specd train eagle`); None: the one shipped for `model`."""
+        from drafter_svc.models.eagle_drafter import EagleDrafter  # torch: loaded only where a model is served
+        from drafter_svc.models.heads import shipped_head
+        self.model = EagleDrafter(head or shipped_head(model), model, device, dtype, kv_cache_tokens, num_threads)

@@ -1,0 +1,98 @@
+"""eagle: the head drafts from the target's features as they arrive with the sequence updates, batched across
+sequences on its own paged KV cache; its chain is what the training module computes from the same pairs."""
+import pytest
+import torch
+
+from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.proposers.eagle import EagleProposer
+from drafter_svc.sequences import FeaturesUpdate, SequenceRegistry, SequenceUpdate
+from engine.features import to_bytes
+from engine.runner import ModelRunner, SequenceInput
+
+PROMPT = [11, 400, 9000, 23, 5, 77, 1024, 3, 42, 17]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir):
+    return ModelRunner(tiny_model_dir, kv_cache_tokens=512)
+
+
+def features_of(target, tokens) -> torch.Tensor:
+    """The target's feature of every token [n, D]."""
+    _, features = target.forward_with_features([SequenceInput("f", tokens, 0, 0)], list(range(len(tokens))))
+    target.allocator.free("f")
+    return features
+
+
+def features_update(features: torch.Tensor, start: int) -> FeaturesUpdate:
+    dtype, data = to_bytes(features[start:])
+    return FeaturesUpdate(start, features.shape[1], dtype, data)
+
+
+@pytest.fixture
+def proposer(tiny_head, tiny_model_dir):
+    return EagleProposer(str(tiny_head[0]), str(tiny_model_dir), kv_cache_tokens=256)
+
+
+def sync(registry, name, tokens, features, start=0, feature_start=None, max_tokens=3):
+    """The target's update: tokens from `start`, features (of all but the newest token) from feature_start."""
+    feature_start = start if feature_start is None else feature_start
+    update = SequenceUpdate(name, start, tokens[start:], features=features_update(features[:len(tokens) - 1],
+                                                                                  feature_start))
+    state = registry.apply(update)
+    state.options = EagleProposer.schema.resolve({})
+    return DraftRequest(state, max_tokens, state.options)
+
+
+def module_chain(module, tokens, features, n) -> list[int]:
+    """The training module's greedy chain: pairs (x_{p+1}, f_p), then its own estimates for the drafts."""
+    ids, feats, chain = list(tokens[1:]), features[:len(tokens) - 1].float(), []
+    with torch.no_grad():
+        for _ in range(n):
+            g = module(torch.tensor([ids]), feats[None])[0]
+            token = int(module.draft_vocab[module.logits(g[-1]).argmax()])
+            chain.append(token)
+            ids, feats = ids + [token], torch.cat([feats, g[-1:]])
+    return chain
+
+
+def test_the_chain_is_the_heads_greedy_chain_from_the_targets_features(proposer, tiny_head, target):
+    registry = SequenceRegistry()
+    features = features_of(target, PROMPT)
+    [draft] = proposer.propose([sync(registry, "s", PROMPT, features)])
+    assert list(draft.token_ids) == module_chain(tiny_head[1], PROMPT, features.to(torch.bfloat16), 3)
+    assert draft.is_chain and all(0 < p <= 1 for p in draft.probs)
+
+
+def test_after_a_step_the_accepted_tokens_features_replace_the_heads_estimates(proposer, tiny_head, target):
+    registry = SequenceRegistry()
+    proposer.propose([sync(registry, "s", PROMPT, features_of(target, PROMPT))])
+    longer = PROMPT + [99, 7]  # two more tokens committed; the target sends the features it now knows
+    features = features_of(target, longer)
+    update = sync(registry, "s", longer, features, start=len(PROMPT), feature_start=len(PROMPT) - 1)
+    [draft] = proposer.propose([update])
+    assert list(draft.token_ids) == module_chain(tiny_head[1], longer, features.to(torch.bfloat16), 3)
+
+
+def test_no_draft_until_the_features_of_every_token_but_the_newest_have_come(proposer, target):
+    registry = SequenceRegistry()
+    features = features_of(target, PROMPT)
+    request = sync(registry, "s", PROMPT, features[:4])  # the rest of the features are still to come
+    assert proposer.propose([request])[0].token_ids == ()
+    rest = features_update(features[:len(PROMPT) - 1], 4)
+    later = registry.apply(SequenceUpdate("s", len(PROMPT), [], features=rest))
+    assert len(proposer.propose([DraftRequest(later, 3, request.options)])[0]) == 3
+
+
+def test_sequences_draft_together_and_give_their_cache_back(proposer, tiny_head, target):
+    registry = SequenceRegistry()
+    other = [5, 6, 7, 8, 9, 5, 6]
+    requests = [sync(registry, "a", PROMPT, features_of(target, PROMPT)),
+                sync(registry, "b", other, features_of(target, other), max_tokens=2)]
+    drafts = proposer.propose(requests)
+    assert [len(d) for d in drafts] == [3, 2]
+    other_features = features_of(target, other).to(torch.bfloat16)
+    assert list(drafts[1].token_ids) == module_chain(tiny_head[1], other, other_features, 2)
+    for request in requests:
+        proposer.release(request.sequence)
+    assert proposer.sizes() == {"kv_blocks_used": 0}
