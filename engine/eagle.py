@@ -58,7 +58,8 @@ class EagleConfig:
     def layer_config(self, vocab_size: int) -> LlamaConfig:
         """The one decoder layer as a one-layer Llama config."""
         return LlamaConfig(vocab_size=vocab_size, hidden_size=self.hidden_size,
-                           intermediate_size=self.intermediate_size, num_hidden_layers=1, num_attention_heads=self.num_attention_heads,
+                           intermediate_size=self.intermediate_size, num_hidden_layers=1,
+                           num_attention_heads=self.num_attention_heads,
                            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
                            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
                            max_position_embeddings=self.max_position_embeddings)
