@@ -161,7 +161,8 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
     from specd_cli.bench.deployment import deployment, resolve_methods
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
-    with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs") as stack:
+    with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
+                    args.methods) as stack:
         settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout, args.passes)
         baselines = None
@@ -251,7 +252,8 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     from specd_cli.bench.deployment import deployment, resolve_methods
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
-    with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs") as stack:
+    with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
+                    args.methods) as stack:
         settings = ServeSettings(resolve_methods(args.methods, stack.target), args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout)

@@ -12,7 +12,7 @@ import grpc
 
 from specd.v1 import target_pb2, target_pb2_grpc
 from specd_cli.bench.errors import BenchError
-from specd_cli.stack import Stack, StackPorts
+from specd_cli.stack import DRAFTER_METHODS, MODEL_DRAFTER_METHODS, Stack, StackPorts
 
 
 @dataclass
@@ -33,14 +33,17 @@ class _LoggedStack(Stack):
 
 
 @contextmanager
-def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path
-               ) -> Iterator[Deployment]:
-    """Use the given gateway, or start gateway + target + drafter and stop them on exit."""
+def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path,
+               methods: list[str] | None = None) -> Iterator[Deployment]:
+    """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter,
+    and the model drafters among `methods` (in the target's dtype)."""
     if gateway:
         yield Deployment(gateway, target)
         return
     log_dir.mkdir(parents=True, exist_ok=True)
+    model_drafters = tuple(m for m in MODEL_DRAFTER_METHODS if m in (methods or ()))
     stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, extra_target_args=["--dtype", dtype],
+                         drafters=(*DRAFTER_METHODS, *model_drafters), model_drafter_args=["--dtype", dtype],
                          log_dir=log_dir)
     try:
         try:

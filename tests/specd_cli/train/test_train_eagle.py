@@ -1,0 +1,54 @@
+"""`specd train eagle` from scratch on the tiny model (with the real tokenizer): data prepared once, a head
+the eagle drafter loads, held-out top-1 reported, and a second run resumes instead of starting over."""
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from engine.eagle import EagleConfig, EagleRunner
+from specd.model_store import DEFAULT_MODEL, resolve_model
+from specd_cli.main import main
+
+TOPICS = ["the sea", "a cat", "rain", "trains", "bread", "the moon", "chess", "rivers", "snow", "bees"]
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(make_tiny_model):
+    """The tiny model with the default model's tokenizer (they share the vocabulary)."""
+    path = make_tiny_model()
+    AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Tell me about {topic}."},
+        {"role": "assistant", "content": f"Here is a short note about {topic}: it is worth a look, again and again."}]})
+        + "\n" for topic in TOPICS * 3))
+    return path
+
+
+def train(model_dir, data, output, capsys) -> str:
+    code = main(["train", "eagle", "--model", str(model_dir), "--data", str(data), "--output", str(output),
+                 "--max-tokens", "1500", "--max-length", "64", "--epochs", "1", "--batch-tokens", "256",
+                 "--draft-vocab", "32", "--device", "cpu", "--dtype", "float32", "--threads", "2"])
+    assert code == 0
+    return capsys.readouterr().out
+
+
+def test_a_head_trained_from_scratch_is_served_and_a_second_run_resumes(chat_model_dir, chats, tmp_path, capsys,
+                                                                        caplog):
+    output = tmp_path / "head"
+    printed = train(chat_model_dir, chats, output, capsys)
+    assert "held-out top-1" in printed
+    assert EagleConfig.load(output).draft_vocab_size == 32
+    runner = EagleRunner(output, chat_model_dir, kv_cache_tokens=64)
+    assert runner.model.draft_vocab.shape == (32,)
+    prepared = json.loads((output / "data" / "prepared.json").read_text())
+    assert prepared["tokens"] >= 1500
+    caplog.set_level("INFO")
+    train(chat_model_dir, chats, output, capsys)
+    assert any("resumed at step" in record.message for record in caplog.records)
+    assert json.loads((output / "data" / "prepared.json").read_text()) == prepared  # not prepared again
