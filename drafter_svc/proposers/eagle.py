@@ -9,8 +9,12 @@ from specd.options import Option, OptionSchema
 
 class EagleProposer(ModelProposer):
     schema = OptionSchema("eagle", (
+        Option("use_tree_spec", "bool", True, help="draft EAGLE-2's dynamic tree (else a chain)"),
+        Option("tree_top_k", "int", 4, minimum=1, maximum=16,
+               help="tree: the likeliest children each depth keeps, across the depth's nodes"),
+        Option("max_tree_depth", "int", 6, minimum=1, maximum=64, help="tree: the deepest draft token"),
         Option("min_token_prob", "float", 0.0, minimum=0.0, maximum=1.0,
-               help="end the chain after a token the head gives less than this probability"),
+               help="no draft token the head gives less than this probability (a chain ends there)"),
     ), wants_features=True)
 
     def __init__(self, head: str | None = None, model: str = DEFAULT_MODEL, device: str = "cpu",

@@ -1,5 +1,5 @@
-"""End to end in bf16: greedy speculation (n-gram chains, suffix and trie trees, draft-model chains) is token
-for token the output without it, while the other requests share the batch (the engine's logits are batch invariant)."""
+"""End to end in bf16: greedy speculation (n-gram chains, suffix and trie trees, draft-model and EAGLE chains)
+is token for token the output without it, while the other requests share the batch (the engine's logits are batch invariant)."""
 import asyncio
 
 import pytest
@@ -19,18 +19,29 @@ PROMPTS = [
 MAX_TOKENS = 48
 
 
-async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:
+async def _complete(client: SpecdClient, prompt: str, method: str):
     request = build_request(messages=[{"role": "user", "content": prompt}],
                             sampling=SamplingParams(max_tokens=MAX_TOKENS),
                             speculative=common_pb2.SpeculativeConfig(method=method))
-    _, token_ids, _ = await client.complete(request, timeout=300)
+    return await client.complete(request, timeout=300)
+
+
+async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:
+    _, token_ids, _ = await _complete(client, prompt, method)
     return token_ids
 
 
 async def test_bf16_greedy_speculation_in_a_crowd_equals_none_alone(bf16_stack):
-    methods = ("ngram", "suffix", "trie", "draft_model", "none")
+    methods = ("ngram", "suffix", "trie", "draft_model", "eagle", "none")
     async with SpecdClient(bf16_stack.address("gateway")) as client:
         alone = [await _tokens(client, prompt, "none") for prompt in PROMPTS]
         crowded = await asyncio.gather(*(_tokens(client, prompt, method) for prompt in PROMPTS for method in methods))
     for i, method in enumerate(methods):  # each beside eight other requests
         assert crowded[i::len(methods)] == alone, method
+
+
+async def test_the_shipped_eagle_head_drafts_tokens_the_target_accepts_on_text_that_does_not_repeat(bf16_stack):
+    async with SpecdClient(bf16_stack.address("gateway")) as client:
+        _, _, final = await _complete(client, PROMPTS[2], "eagle")
+    usage = final.usage
+    assert usage.accepted_draft_tokens > 0.2 * usage.draft_tokens

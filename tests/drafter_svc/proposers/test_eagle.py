@@ -34,13 +34,14 @@ def proposer(tiny_head, tiny_model_dir):
     return EagleProposer(str(tiny_head[0]), str(tiny_model_dir), kv_cache_tokens=256)
 
 
-def sync(registry, name, tokens, features, start=0, feature_start=None, max_tokens=3):
-    """The target's update: tokens from `start`, features (of all but the newest token) from feature_start."""
+def sync(registry, name, tokens, features, start=0, feature_start=None, max_tokens=3, **options):
+    """The target's update: tokens from `start`, features (of all but the newest token) from feature_start.
+    Chains unless the options say otherwise."""
     feature_start = start if feature_start is None else feature_start
     update = SequenceUpdate(name, start, tokens[start:], features=features_update(features[:len(tokens) - 1],
                                                                                   feature_start))
     state = registry.apply(update)
-    state.options = EagleProposer.schema.resolve({})
+    state.options = EagleProposer.schema.resolve({"use_tree_spec": False, **options})
     return DraftRequest(state, max_tokens, state.options)
 
 
@@ -54,6 +55,37 @@ def module_chain(module, tokens, features, n) -> list[int]:
             chain.append(token)
             ids, feats = ids + [token], torch.cat([feats, g[-1:]])
     return chain
+
+
+def path_probs(module, tokens, features, path) -> list[float]:
+    """The training module's probability of each token of `path`, drafted after `tokens` (from the head's
+    own estimates past the newest token)."""
+    ids, feats, probs = list(tokens[1:]), features[:len(tokens) - 1].float(), []
+    with torch.no_grad():
+        for token in path:
+            g = module(torch.tensor([ids]), feats[None])[0]
+            row = torch.softmax(module.logits(g[-1]), dim=-1)
+            probs.append(float(row[(module.draft_vocab == token).nonzero()[0, 0]]))
+            ids, feats = ids + [token], torch.cat([feats, g[-1:]])
+    return probs
+
+
+def test_every_tree_node_carries_the_heads_probability_of_it_after_its_path(proposer, tiny_head, target):
+    registry = SequenceRegistry()
+    features = features_of(target, PROMPT)
+    [tree] = proposer.propose([sync(registry, "t", PROMPT, features, max_tokens=8, use_tree_spec=True,
+                                    tree_top_k=3, max_tree_depth=4)])
+    assert len(tree) == 8 and not tree.is_chain
+    assert tree.token_ids[0] == module_chain(tiny_head[1], PROMPT, features.to(torch.bfloat16), 1)[0]
+    for node in range(len(tree)):
+        path, at = [], node
+        while at != -1:
+            path.insert(0, tree.token_ids[at])
+            at = tree.parents[at]
+        expected = path_probs(tiny_head[1], PROMPT, features.to(torch.bfloat16), path)[-1]
+        assert tree.probs[node] == pytest.approx(expected, abs=1e-3)
+    reaches = tree.reaches()
+    assert reaches == sorted(reaches, reverse=True)  # best first
 
 
 def test_the_chain_is_the_heads_greedy_chain_from_the_targets_features(proposer, tiny_head, target):
