@@ -83,7 +83,7 @@ def test_every_tree_node_carries_the_heads_probability_of_it_after_its_path(prop
             path.insert(0, tree.token_ids[at])
             at = tree.parents[at]
         expected = path_probs(tiny_head[1], PROMPT, features.to(torch.bfloat16), path)[-1]
-        assert tree.probs[node] == pytest.approx(expected, abs=1e-3)
+        assert tree.probs[node] == pytest.approx(expected, rel=1e-3)
     reaches = tree.reaches()
     assert reaches == sorted(reaches, reverse=True)  # best first
 
