@@ -1,5 +1,6 @@
-"""End to end in bf16: greedy speculation (n-gram chains, suffix and trie trees, draft-model chains, EAGLE trees)
-is token for token the output without it, while the other requests share the batch (the engine's logits are batch invariant)."""
+"""End to end in bf16: greedy speculation (n-gram chains, suffix and trie trees, draft-model chains, EAGLE
+trees) is token for token the output without it, while the other requests share the batch (the engine's
+logits are batch invariant)."""
 import asyncio
 
 import pytest
