@@ -82,11 +82,15 @@ def target_embedding_and_lm_head(target_dir: str | Path) -> tuple[torch.Tensor, 
     return embed, target.get("lm_head.weight", embed)
 
 
-def save_head(directory: str | Path, config: EagleConfig, state: dict[str, torch.Tensor]) -> None:
-    """A head directory `EagleHead.from_pretrained` loads: `state` as EagleHeadModule.inference_state gives it."""
+def save_head(directory: str | Path, config: EagleConfig, state: dict[str, torch.Tensor],
+              dtype: torch.dtype | None = None) -> None:
+    """A head directory `EagleHead.from_pretrained` loads: `state` as EagleHeadModule.inference_state gives it,
+    its weights in `dtype` (None: as they are; bf16 halves a shipped head)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config.save(directory)
+    if dtype is not None:
+        state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in state.items()}
     save_file(state, directory / WEIGHTS_FILE)
 
 
