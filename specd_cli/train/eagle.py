@@ -1,6 +1,7 @@
 """Train an EAGLE head on prepared shards (EAGLE's recipe): for every pair (x_{p+1}, f_p) the head's output
 g_p regresses the target's next feature f_{p+1} (smooth L1) and its draft logits match the target's
-next-token distribution over the draft vocabulary (cross-entropy, weight TOKEN_WEIGHT). Input features
+next-token distribution over the draft vocabulary (cross-entropy, weighted by `token_weight`: EAGLE's 0.1
+by default). Input features
 get uniform noise, as the head drafts from its own estimates after the first token.
 
 Progress (tokens/s, losses, held-out top-1: how often the head's first draft token is the target's
@@ -18,13 +19,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.eagle import EagleConfig, save_head
+from safetensors.torch import load_file
+
+from engine.eagle import WEIGHTS_FILE, EagleConfig, save_head
 from engine.eagle_module import EagleHeadModule
 from specd_cli.train.data import Shard
 
 log = logging.getLogger(__name__)
 
-TOKEN_WEIGHT = 0.1
 FEATURE_NOISE = 0.2  # half-width of the uniform noise on input features
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -35,6 +37,7 @@ class TrainSettings:
     learning_rate: float = 5e-4
     batch_tokens: int = 4096  # tokens per optimizer step (gradient accumulated over sequences)
     draft_vocab_size: int = 8192
+    token_weight: float = 0.1
     held_out_sequences: int = 32
     log_every: int = 20  # optimizer steps
     checkpoint_every: int = 200
@@ -52,15 +55,17 @@ def draft_vocabulary(shards: list[Shard], size: int) -> torch.Tensor:
 
 def train(shards: list[Shard], config_of_target, target_embed: torch.Tensor, target_lm_head: torch.Tensor,
           out_dir: Path, settings: TrainSettings = TrainSettings(), target_name: str = "",
-          device: str = "cpu") -> dict[str, float]:
-    """Train (or resume) a head into out_dir on `device`; returns the final held-out metrics."""
+          device: str = "cpu", init: Path | None = None) -> dict[str, float]:
+    """Train (or resume) a head into out_dir on `device`, from scratch or from the head in `init`; returns
+    the final held-out metrics."""
     torch.manual_seed(settings.seed)
     sequences = [(t.long().to(device), f.to(device)) for shard in shards for t, f in zip(shard.tokens, shard.features)]
     held = min(settings.held_out_sequences, len(sequences) // 10)  # a tenth at most
     held_out, training = sequences[:held], sequences[held:]
     checkpoint_path = out_dir / CHECKPOINT_FILE
     checkpoint = torch.load(checkpoint_path) if checkpoint_path.exists() else None
-    vocab = checkpoint["state"]["draft_vocab"] if checkpoint else draft_vocabulary(shards, settings.draft_vocab_size)
+    start = checkpoint["state"] if checkpoint else load_file(init / WEIGHTS_FILE) if init else None
+    vocab = start["draft_vocab"] if start else draft_vocabulary(shards, settings.draft_vocab_size)
     config = EagleConfig.for_target(config_of_target, len(vocab), target_name)
     module = EagleHeadModule(config, target_embed, target_lm_head, vocab).to(device)
     full_lm_head = target_lm_head.float().to(device)
@@ -69,8 +74,9 @@ def train(shards: list[Shard], config_of_target, target_embed: torch.Tensor, tar
     total_steps = max(1, int(total_tokens // settings.batch_tokens))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, total_steps))
     step, position = 0, 0
+    if start:
+        module.load_inference_state({name: t.float() if t.is_floating_point() else t for name, t in start.items()})
     if checkpoint:
-        module.load_inference_state(checkpoint["state"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         schedule.load_state_dict(checkpoint["schedule"])
         step, position = checkpoint["step"], checkpoint["position"]
@@ -83,7 +89,7 @@ def train(shards: list[Shard], config_of_target, target_embed: torch.Tensor, tar
             tokens, features = training[order[position % len(training)]]
             position += 1
             loss_feature, loss_token, n = _losses(module, tokens, features.float(), noise=FEATURE_NOISE)
-            ((loss_feature + TOKEN_WEIGHT * loss_token) * n / settings.batch_tokens).backward()
+            ((loss_feature + settings.token_weight * loss_token) * n / settings.batch_tokens).backward()
             running.add(loss_feature.item(), loss_token.item(), n)
             batch_tokens += n
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)

@@ -52,3 +52,24 @@ def test_a_head_trained_from_scratch_is_served_and_a_second_run_resumes(chat_mod
     train(chat_model_dir, chats, output, capsys)
     assert any("resumed at step" in record.message for record in caplog.records)
     assert json.loads((output / "data" / "prepared.json").read_text()) == prepared  # not prepared again
+
+
+def test_target_responses_are_the_targets_own_greedy_answers_to_the_first_user_turn(chat_model_dir, chats):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.runner import ModelRunner
+    from specd_cli.train.data import target_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    runner = ModelRunner(chat_model_dir, kv_cache_tokens=2048)
+    answered = list(target_sequences(chats, runner, tokenizer, max_length=64, max_new_tokens=6, skip=28,
+                                     batch_size=4))
+    assert len(answered) == 2  # 30 conversations, the first 28 skipped
+    model = AutoModelForCausalLM.from_pretrained(chat_model_dir, dtype=torch.float32).eval()
+    for ids, topic in zip(answered, TOPICS[8:]):
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"Tell me about {topic}."}],
+                                               add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
+        assert ids == expected
+    assert runner.allocator.num_free_blocks == runner.allocator.num_blocks
