@@ -60,6 +60,7 @@ class _Chain:
     state: EagleState
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
+    reach: float = 1.0  # the probabilities of its tokens multiplied
 
 
 class _Tree:
@@ -85,7 +86,8 @@ class _Tree:
         top = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
         candidates = sorted(((p * (1.0 if node == ROOT else self.scores[node]), node, int(draft_vocab[i]), p)
                              for node, ps, ids in zip(self.frontier, top.values.tolist(), top.indices.tolist())
-                             for p, i in zip(ps, ids) if p >= self.min_prob), key=lambda c: -c[0])
+                             for p, i in zip(ps, ids)), key=lambda c: -c[0])
+        candidates = [c for c in candidates if c[0] >= self.min_prob]  # its path likely enough
         self.frontier = []
         for score, parent, token, prob in candidates[:self.top_k]:
             self.frontier.append(len(self.tokens))
@@ -186,8 +188,9 @@ class EagleDrafter(ModelDrafter):
             for chain, token, prob in zip(live, drafted, best.values.tolist()):
                 chain.tokens.append(token)
                 chain.probs.append(prob)
+                chain.reach *= prob
             keep = [i for i, c in enumerate(live) if len(c.tokens) < self._budget(c)
-                    and c.probs[-1] >= c.request.options["min_token_prob"]]
+                    and c.reach >= c.request.options["min_token_prob"]]
             live, estimates = [live[i] for i in keep], estimates[keep]
             if live:
                 logits, estimates = self.runner.draft(

@@ -13,8 +13,9 @@ class EagleProposer(ModelProposer):
         Option("tree_top_k", "int", 4, minimum=1, maximum=16,
                help="tree: the likeliest children each depth keeps, across the depth's nodes"),
         Option("max_tree_depth", "int", 6, minimum=1, maximum=64, help="tree: the deepest draft token"),
-        Option("min_token_prob", "float", 0.0, minimum=0.0, maximum=1.0,
-               help="no draft token the head gives less than this probability (a chain ends there)"),
+        Option("min_token_prob", "float", 0.1, minimum=0.0, maximum=1.0,
+               help="least estimated chance of a draft token: the head's probabilities multiplied down its "
+                    "path (as suffix's); drafting stops where none is left, saving the head's forwards"),
     ), wants_features=True)
 
     def __init__(self, head: str | None = None, model: str = DEFAULT_MODEL, device: str = "cpu",

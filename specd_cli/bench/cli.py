@@ -57,6 +57,9 @@ def _add_common_flags(parser: argparse.ArgumentParser, max_tokens: int, warmup: 
     where.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                        help="dtype of the started target and of the transformers baselines (default float32); "
                             "with --gateway, pass the running target's")
+    where.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                       help="draft_model in the started stack: the target's first N layers (LayerSkip's early exit; "
+                            "default: the whole target)")
     what = parser.add_argument_group("what to run")
     what.add_argument("--methods", type=_csv, default=None,
                       help="specd methods to compare, e.g. none,ngram; `none` is always added "
@@ -162,7 +165,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods) as stack:
+                    args.methods, args.draft_layers) as stack:
         settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout, args.passes)
         baselines = None
@@ -253,7 +256,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods) as stack:
+                    args.methods, args.draft_layers) as stack:
         settings = ServeSettings(resolve_methods(args.methods, stack.target), args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout)

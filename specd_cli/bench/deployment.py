@@ -34,16 +34,19 @@ class _LoggedStack(Stack):
 
 @contextmanager
 def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path,
-               methods: list[str] | None = None) -> Iterator[Deployment]:
+               methods: list[str] | None = None, draft_layers: int | None = None) -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter,
-    and the model drafters among `methods` (in the target's dtype)."""
+    and the model drafters among `methods` (in the target's dtype; draft_model on the target's first
+    `draft_layers` layers when given)."""
     if gateway:
         yield Deployment(gateway, target)
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     model_drafters = tuple(m for m in MODEL_DRAFTER_METHODS if m in (methods or ()))
     stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, extra_target_args=["--dtype", dtype],
-                         drafters=(*DRAFTER_METHODS, *model_drafters), model_drafter_args=["--dtype", dtype],
+                         drafters=(*DRAFTER_METHODS, *model_drafters),
+                         model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
+                                                                 if draft_layers else [])],
                          log_dir=log_dir)
     try:
         try:

@@ -137,8 +137,10 @@ def target_sequences(source: Path, runner, tokenizer, max_length: int, max_new_t
     head learns on the text it will draft, as in HASS and EAGLE-3), past the first `skip`; batched."""
     prompts = []
     for index, messages in enumerate(conversations(source)):
-        if index < skip or messages[0]["role"] != "user":
-            prompts.append(None)  # keeps the count of conversations read
+        if index < skip:
+            continue
+        if messages[0]["role"] != "user":
+            prompts.append(None)  # answered with nothing: the count of conversations read stays right
         else:
             encoding = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True,
                                                      return_dict=True)
@@ -157,7 +159,7 @@ def _answered(runner, prompts: list[list[int] | None], max_new_tokens: int) -> I
     texts = [list(p) if p else [] for p in prompts]
     try:
         logits = runner.forward([SequenceInput(f"answer{i}", texts[i], 0, 1) for i in live]) if live else None
-        for _ in range(max_new_tokens):
+        for _ in range(max_new_tokens if live else 0):
             for i, token in zip(live, logits.argmax(-1).tolist()):
                 texts[i].append(token)
             live = [i for i in live if texts[i][-1] not in runner.eos_token_ids]

@@ -36,12 +36,12 @@ def proposer(tiny_head, tiny_model_dir):
 
 def sync(registry, name, tokens, features, start=0, feature_start=None, max_tokens=3, **options):
     """The target's update: tokens from `start`, features (of all but the newest token) from feature_start.
-    Chains unless the options say otherwise."""
+    Chains of every token the budget allows unless the options say otherwise."""
     feature_start = start if feature_start is None else feature_start
     update = SequenceUpdate(name, start, tokens[start:], features=features_update(features[:len(tokens) - 1],
                                                                                   feature_start))
     state = registry.apply(update)
-    state.options = EagleProposer.schema.resolve({"use_tree_spec": False, **options})
+    state.options = EagleProposer.schema.resolve({"use_tree_spec": False, "min_token_prob": 0.0, **options})
     return DraftRequest(state, max_tokens, state.options)
 
 
