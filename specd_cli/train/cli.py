@@ -45,32 +45,19 @@ def register(commands) -> None:
 
 
 def _train_eagle(args: argparse.Namespace) -> int:
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from engine.config import EngineConfig
     from engine.eagle import target_embedding_and_lm_head
-    from engine.runner import ModelRunner
     from specd.model_store import resolve_model
     from specd_cli.train import data, eagle
 
     try:
-        source = args.data or data.default_source()
         engine = EngineConfig.parse(args.device, args.dtype)
         model_dir = resolve_model(args.model)
-        runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
-                             num_threads=args.threads)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        log.info("preparing up to %d tokens of %s (responses: %s)", args.max_tokens, source, args.responses)
-        if args.responses == "target":
-            def sequences(skip):
-                return data.target_sequences(source, runner, tokenizer, args.max_length, args.max_new_tokens, skip)
-        else:
-            def sequences(skip):
-                return data.dataset_sequences(source, tokenizer, args.max_length, skip)
-        paths = data.prepare(sequences, runner, args.output / "data", args.max_tokens)
+        paths = _prepare(args, model_dir, engine)
     except (data.TrainingDataError, FileNotFoundError, ValueError) as err:
         raise SystemExit(f"specd train eagle: {err}") from err
-    del runner
     shards = [data.Shard.load(p) for p in paths]
     settings = eagle.TrainSettings(epochs=args.epochs, learning_rate=args.lr, batch_tokens=args.batch_tokens,
                                    draft_vocab_size=args.draft_vocab, token_weight=args.token_weight)
@@ -78,3 +65,24 @@ def _train_eagle(args: argparse.Namespace) -> int:
                           args.output, settings, target_name=args.model, device=engine.device, init=args.init)
     print(f"EAGLE head in {args.output}: held-out top-1 {metrics['top1']:.3f}")
     return 0
+
+
+def _prepare(args: argparse.Namespace, model_dir: Path, engine) -> list[Path]:
+    """The shards of the target's features (the target is loaded here, and let go before training)."""
+    from transformers import AutoTokenizer
+
+    from engine.runner import ModelRunner
+    from specd_cli.train import data
+
+    source = args.data or data.default_source()
+    runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
+                         num_threads=args.threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    log.info("preparing up to %d tokens of %s (responses: %s)", args.max_tokens, source, args.responses)
+    if args.responses == "target":
+        def sequences(skip):
+            return data.target_sequences(source, runner, tokenizer, args.max_length, args.max_new_tokens, skip)
+    else:
+        def sequences(skip):
+            return data.dataset_sequences(source, tokenizer, args.max_length, skip)
+    return data.prepare(sequences, runner, args.output / "data", args.max_tokens)
