@@ -11,6 +11,7 @@ alike. With no second model at hand, the target's own first layers with its fina
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -59,7 +60,7 @@ class DraftLM(ModelDrafter):
                 tokens[i].append(token)
                 probs[i].append(prob)
             live = [i for i in live if len(tokens[i]) < budgets[i]
-                    and probs[i][-1] >= batch[i].options["min_token_prob"]]
+                    and math.prod(probs[i]) >= batch[i].options["min_token_prob"]]
             if live:
                 logits = self.runner.forward([SequenceInput(batch[i].sequence.sequence_id, tokens[i][-1:],
                                                             len(batch[i].sequence.tokens) + len(tokens[i]) - 1, 1)

@@ -9,8 +9,9 @@ from specd.options import Option, OptionSchema
 
 class DraftModelProposer(ModelProposer):
     schema = OptionSchema("draft_model", (
-        Option("min_token_prob", "float", 0.0, minimum=0.0, maximum=1.0,
-               help="end the chain after a token the draft model gives less than this probability"),
+        Option("min_token_prob", "float", 0.1, minimum=0.0, maximum=1.0,
+               help="end the chain where the draft model's probabilities multiplied down it fall below this "
+                    "(as suffix's and eagle's)"),
     ))
 
     def __init__(self, model: str = DEFAULT_MODEL, num_layers: int | None = None, device: str = "cpu",

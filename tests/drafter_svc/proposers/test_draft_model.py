@@ -12,9 +12,10 @@ PROMPT = [11, 400, 9000, 23, 5, 77, 1024, 3]
 
 
 def request(tokens, name="s", max_tokens=4, **options):
+    """Chains of every token the budget allows unless the options say otherwise."""
     state = SequenceState(name)
     state.tokens = list(tokens)
-    state.options = DraftModelProposer.schema.resolve(options)
+    state.options = DraftModelProposer.schema.resolve({"min_token_prob": 0.0, **options})
     return DraftRequest(state, max_tokens, state.options)
 
 
@@ -66,12 +67,12 @@ def test_sequences_of_different_lengths_and_budgets_draft_together(proposer, tin
         proposer.release(r.sequence)
 
 
-def test_min_token_prob_ends_the_chain_at_an_unlikely_token(proposer):
+def test_min_token_prob_ends_the_chain_where_its_path_becomes_unlikely(proposer):
     [full] = proposer.propose([request(PROMPT, name="a", max_tokens=6)])
-    cut_at = sorted(full.probs)[len(full.probs) // 2]
+    reaches = full.reaches()  # the probabilities multiplied down the chain
+    cut_at = (reaches[2] + reaches[3]) / 2
     [cut] = proposer.propose([request(PROMPT, name="b", max_tokens=6, min_token_prob=cut_at)])
-    first_below = next(i for i, p in enumerate(full.probs) if p < cut_at)
-    assert cut.token_ids == full.token_ids[:first_below + 1]
+    assert cut.token_ids == full.token_ids[:4]  # the fourth token is the first below: drafted, then the end
 
 
 def test_an_index_only_ask_prefills_and_a_bad_token_gets_no_draft_but_the_batch_goes_on(proposer):

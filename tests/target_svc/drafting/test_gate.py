@@ -39,6 +39,15 @@ def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
     assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)  # probe: the text may have changed
 
 
+def test_a_drafter_whose_round_trip_is_long_next_to_a_step_is_probed_less_often():
+    gate, seq = seasoned(), sequence("a")
+    gate.asked(0.060, [(seq, 0)])  # four 15 ms steps: probes every 8 steps would cost a third of the time
+    for _ in range(80):  # 60 ms / (PROBE_SHARE x 15 ms)
+        assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        gate.skipped([seq])
+    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+
+
 def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
     gate, seqs = seasoned(), [sequence("a"), sequence("b")]
     gate.asked(0.002, [(seqs[0], 1), (seqs[1], 0)])
