@@ -138,7 +138,7 @@ class Scheduler:
         self._draft_seconds = 0.0  # seconds of the draft tokens a step verified, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
         self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
-        self._gate = DraftingGate()
+        self._gates: dict[str, DraftingGate] = {}  # by method
         self._calibration = AcceptanceCalibration()
         self._arrived = 0.0  # prefill seconds submitted since the last step
         metrics.kv_blocks_total.set(runner.allocator.num_blocks)
@@ -183,27 +183,23 @@ class Scheduler:
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0.0
         decodes = [s for s in self._running if not s.in_prefill]
-        wanted = [(s, k) for s in decodes if self._drafters.serves(s) and (k := s.draft_budget()) > 0]
-        wanting = [s for s, _ in wanted]
-        asking = self._gate.worth_asking(wanting, len(decodes), self._step_seconds)
-        round_trip, drafts = 0.0, {}
+        asking = self._asking(decodes)
+        round_trip, drafts, round_trips = 0.0, {}, {}
         if asking:
             asked = time.perf_counter()
-            drafts = await self._drafters.propose(wanted)
+            drafts, round_trips = await self._drafters.propose([pair for group in asking.values() for pair in group])
             round_trip = time.perf_counter() - asked
-        elif wanting:
-            self._gate.skipped(wanting)
-            self._metrics.drafting_skipped.inc()
         self._round_trip = _moved(self._round_trip, round_trip)
         plan = self._plan(decodes, drafts)
         if not plan:
             return
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
-        if asking:  # each asked sequence that verified, with what its draft gained the batch
-            asked_ids = {s.request_id for s in wanting}
-            self._gate.asked(round_trip, [(item.seq, outcome.num_accepted - item.draft_price)
-                                          for item, outcome in zip(plan, outcomes)
-                                          if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
+        for method, group in asking.items():  # each asked sequence that verified, with what its draft gained the batch
+            asked_ids = {s.request_id for s, _ in group}
+            self._gate(method).asked(round_trips.get(method, round_trip),
+                                     [(item.seq, outcome.num_accepted - item.draft_price)
+                                      for item, outcome in zip(plan, outcomes)
+                                      if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
         realized = 0
         for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):
@@ -219,6 +215,27 @@ class Scheduler:
         for term, seconds in self._cost.coefficients._asdict().items():
             self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
+
+    def _asking(self, decodes: list[Sequence]) -> dict[str, list[tuple[Sequence, int]]]:
+        """The (sequence, draft budget) pairs to ask each method's drafter for this step: each drafter has its
+        own gate, because what its asks cost and gain is its own."""
+        wanted: dict[str, list[tuple[Sequence, int]]] = {}
+        for seq in decodes:
+            if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0:
+                wanted.setdefault(seq.speculative.method, []).append((seq, k))
+        asking = {}
+        for method, group in wanted.items():
+            sequences = [s for s, _ in group]
+            if self._gate(method).worth_asking(sequences, len(decodes), self._step_seconds):
+                asking[method] = group
+            else:
+                self._gate(method).skipped(sequences)
+        if len(asking) < len(wanted):
+            self._metrics.drafting_skipped.inc()
+        return asking
+
+    def _gate(self, method: str) -> DraftingGate:
+        return self._gates.setdefault(method, DraftingGate())
 
     # -- planning a step ------------------------------------------------------
 

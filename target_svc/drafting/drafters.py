@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
@@ -36,17 +37,24 @@ class Drafters:
         source = self._sources.get(seq.speculative.method)
         return source is not None and source.schema.wants_features
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
-        """Drafts for every (sequence, k) with k > 0, asking all sources concurrently."""
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> tuple[dict[str, DraftTree], dict[str, float]]:
+        """Drafts for every (sequence, k) with k > 0, asking all sources concurrently; and each asked
+        method's round trip in seconds."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
         for seq, k in wanted:
             if k > 0 and seq.speculative.method in self._sources:
                 by_method.setdefault(seq.speculative.method, []).append((seq, k))
-        replies = await asyncio.gather(*(self._sources[m].propose(group) for m, group in by_method.items()))
-        drafts = {}
-        for reply in replies:  # a token the model cannot embed would fail the step: drop such drafts
+        replies = await asyncio.gather(*(self._timed(m, group) for m, group in by_method.items()))
+        drafts, round_trips = {}, {}
+        for method, reply, seconds in replies:  # a token the model cannot embed would fail the step: drop such drafts
             drafts.update({sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d.token_ids)})
-        return drafts
+            round_trips[method] = seconds
+        return drafts, round_trips
+
+    async def _timed(self, method: str, group: list[tuple[Sequence, int]]) -> tuple[str, dict[str, DraftTree], float]:
+        started = time.perf_counter()
+        reply = await self._sources[method].propose(group)
+        return method, reply, time.perf_counter() - started
 
     def release(self, seq: Sequence) -> None:
         source = self._sources.get(seq.speculative.method)

@@ -1,4 +1,5 @@
-"""Whether a step asks the drafters at all: their round trip against what drafts have been gaining.
+"""Whether a step asks a drafter at all: its round trip against what its drafts have been gaining (each
+drafter has its own gate).
 
 While the drafters answer, the model waits; the step cost model does not see that time, and with one
 sequence it is about a tenth of a step. So each sequence keeps a moving mean of what an ask gained it

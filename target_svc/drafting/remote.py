@@ -157,7 +157,7 @@ class RemoteDrafter:
         if start == 0:  # the drafter keeps a sequence's options and prompt length from its first update on
             update.options.CopyFrom(options_to_pb(seq.speculative.options))
             update.prompt_length = len(seq.prompt)
-        if self.schema.wants_features and seq.features is not None:
+        if self._schema is not None and self._schema.wants_features and seq.features is not None:
             update.features.CopyFrom(self._features(seq, start, feature_bytes))
         return update
 

@@ -82,6 +82,6 @@ async def test_sampled_output_with_draft_model_drafts_follows_the_target_distrib
     assert set(seen) <= set(expected)
     chi_square = sum((seen[o] - SAMPLES * p) ** 2 / (SAMPLES * p) for o, p in expected.items())
     assert chi_square < 37.7, (chi_square, seen)  # 15 degrees of freedom, p = 0.001
-    assert drafted > SAMPLES / 4  # fewer where the calibration has seen the drafts rejected
-    if "whole-model" in request.node.name:  # its draft is the target's argmax: often accepted
-        assert accepted > SAMPLES / 4
+    assert drafted > 0  # the first layer's drafts are rejected, and the target soon stops verifying them
+    if "whole-model" in request.node.name:  # its draft is the target's argmax: verified and often accepted
+        assert drafted > SAMPLES / 2 and accepted > SAMPLES / 4
