@@ -21,6 +21,8 @@ steps in, and a first empty answer says little about what asks gain.
 """
 from __future__ import annotations
 
+import math
+
 from target_svc.sequence import Sequence
 
 PROBE_EVERY = 8
@@ -32,6 +34,7 @@ SMOOTHING = 0.25  # weight of a sequence's newest asked step in its mean gain, a
 class DraftingGate:
     def __init__(self):
         self.round_trip: float | None = None  # seconds an ask takes, a moving mean; None before the first
+        self.fastest_round_trip = math.inf
         self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
         self.evidence = 0  # sequence-asks the typical gain has seen
         self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
@@ -55,15 +58,18 @@ class DraftingGate:
         return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
 
     def _probe_every(self, step_seconds: float) -> float:
-        """Steps between probes: PROBE_EVERY, or more where a round trip is long next to a step."""
+        """Steps between probes: PROBE_EVERY, or more where even the drafter's fastest round trip is long next
+        to a step (the fastest: asks that waited out a deadline while the drafter was down say nothing of what
+        a probe costs once it is back)."""
         if step_seconds <= 0:
             return PROBE_EVERY
-        return max(PROBE_EVERY, self.round_trip / (PROBE_SHARE * step_seconds))
+        return max(PROBE_EVERY, self.fastest_round_trip / (PROBE_SHARE * step_seconds))
 
     def asked(self, round_trip: float, gains: list[tuple[Sequence, float]]) -> None:
         """An ask took `round_trip` seconds, and each (sequence, tokens): what the asked sequence's draft
         gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
         self.round_trip = _moved(self.round_trip, round_trip)
+        self.fastest_round_trip = min(self.fastest_round_trip, round_trip)
         self.unasked_steps = 0
         for seq, tokens in gains:
             seq.unasked_steps = 0

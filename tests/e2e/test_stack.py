@@ -108,7 +108,9 @@ def _value(metrics_text, name, **labels):
 
 async def test_metrics_of_every_service_move_with_requests(stack):
     before = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter-ngram")}
-    await _chat(stack.address("gateway"), CHAT_PROMPTS[0], "ngram", max_tokens=16)
+    # Long enough for a probe of the n-gram drafter (every 8 steps) even where its drafts have not been paying
+    # on the requests before, so that its gate asks it only then.
+    await _chat(stack.address("gateway"), CHAT_PROMPTS[1], "ngram", max_tokens=48)
     after = {s: _scrape(stack.metrics_url(s)) for s in ("gateway", "target", "drafter-ngram")}
     moved = {
         ("target", "specd_verification_steps_total"): dict(method="ngram"),
