@@ -22,7 +22,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-import kernels
 from engine.attention import PagedAttention
 from engine.config import EngineConfig
 from engine.linear_cpu import shared_runs
@@ -133,16 +132,8 @@ class EagleRunner(ModelRunner):
     def __init__(self, head_dir: str | Path, target_dir: str | Path, kv_cache_tokens: int = 65536,
                  block_size: int = 16, num_threads: int | None = None, engine: EngineConfig = EngineConfig()):
         # Not ModelRunner.__init__, which would load the whole target: only its embedding and LM head.
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        self.device = torch.device(engine.device)
-        kernels.prepare(self.device)
-        self.model = EagleHead.from_pretrained(head_dir, target_dir, engine)
-        self.config = self.model.config
-        self.vocab_size: int = self.config.vocab_size
-        self.max_context_length: int = self.config.max_position_embeddings
-        self.eos_token_ids: list[int] = []
-        self._make_cache(kv_cache_tokens, block_size, engine)
+        self._serve(lambda: EagleHead.from_pretrained(head_dir, target_dir, engine), engine, num_threads,
+                    kv_cache_tokens, block_size)
 
     def draft(self, batch: list[SequenceInput], features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over every sequence's new pairs, features [T, D] in batch order: fp32 logits over the

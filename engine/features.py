@@ -48,6 +48,10 @@ class FeatureLog:
         self._rows[position:end] = rows.to(device="cpu", dtype=WIRE_DTYPE)
         self.length = max(self.length, end)
 
+    def truncate(self, length: int) -> None:
+        """Forget the features of positions length and on."""
+        self.length = min(self.length, length)
+
     def rows(self, start: int, end: int) -> torch.Tensor:
         """[end - start, D]"""
         assert self._rows is not None and 0 <= start <= end <= self.length

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,19 +38,22 @@ class ModelRunner:
                  kv_cache_memory_gib: float | None = None, num_layers: int | None = None):
         """The KV cache holds kv_cache_tokens, or as many tokens as kv_cache_memory_gib holds. num_layers:
         run only the model's first layers (see LlamaModel.from_pretrained)."""
+        self._serve(lambda: LlamaModel.from_pretrained(model_dir, engine, num_layers), engine, num_threads,
+                    kv_cache_tokens, block_size, kv_cache_memory_gib)
+        self.eos_token_ids: list[int] = _eos_token_ids(Path(model_dir), self.config)
+
+    def _serve(self, load: Callable[[], LlamaModel], engine: EngineConfig, num_threads: int | None,
+               kv_cache_tokens: int, block_size: int, kv_cache_memory_gib: float | None = None) -> None:
+        """Threads and kernels set up for the device, then the model `load` gives and its KV cache."""
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.device = torch.device(engine.device)
         kernels.prepare(self.device)
-        self.model = LlamaModel.from_pretrained(model_dir, engine, num_layers)
+        self.model = load()
         self.config = self.model.config
         self.vocab_size: int = self.config.vocab_size
         self.max_context_length: int = self.config.max_position_embeddings
-        self.eos_token_ids: list[int] = _eos_token_ids(Path(model_dir), self.config)
-        self._make_cache(kv_cache_tokens, block_size, engine, kv_cache_memory_gib)
-
-    def _make_cache(self, kv_cache_tokens: int, block_size: int, engine: EngineConfig,
-                    kv_cache_memory_gib: float | None = None) -> None:
+        self.eos_token_ids: list[int] = []
         if kv_cache_memory_gib is not None:
             bytes_per_token = kv_bytes_per_token(self.config.num_hidden_layers, self.model.num_kv_heads,
                                                  self.model.head_dim, engine.dtype)

@@ -19,7 +19,7 @@ from drafter_svc.proposers.base import DraftRequest
 from drafter_svc.sequences import SequenceState
 from engine.config import EngineConfig
 from engine.eagle import EagleRunner
-from engine.features import from_bytes
+from engine.features import FeatureLog, from_bytes
 from engine.runner import SequenceInput
 from specd.drafts import ROOT, DraftTree
 from specd.model_store import resolve_model
@@ -29,27 +29,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EagleState:
-    """One sequence's features (f_0 .. f_{length-1}) and how many pairs the head's cache holds on them."""
+    """One sequence's features (f_0 .. f_{features.length-1}) and how many pairs the head's cache holds on them."""
     epoch: int
-    features: torch.Tensor | None = None  # [capacity, D]
-    length: int = 0
+    features: FeatureLog = field(default_factory=FeatureLog)
     cached_pairs: int = 0  # pairs 0..cached_pairs-1, each on the target's own feature
 
     def take(self, sequence: SequenceState, hidden_size: int) -> None:
         """The features the target sent since the last step; a piece that does not follow what is held
         (a resync) starts the features over from its position."""
         for update in sequence.new_features:
-            rows = from_bytes(update.data, update.dtype, hidden_size) if update.hidden_size == hidden_size else None
-            if rows is None or update.start_position > self.length:
-                continue  # a gap or a stranger's hidden size: keep what is held
-            end = update.start_position + rows.shape[0]
-            if self.features is None or end > self.features.shape[0]:
-                grown = torch.empty(max(2 * end, 64), hidden_size, dtype=rows.dtype)
-                if self.features is not None:
-                    grown[:self.length] = self.features[:self.length]
-                self.features = grown
-            self.features[update.start_position:end] = rows
-            self.length = end
+            if update.hidden_size != hidden_size or update.start_position > self.features.length:
+                continue  # a stranger's hidden size or a gap: keep what is held
+            self.features.truncate(update.start_position)
+            self.features.write(update.start_position, from_bytes(update.data, update.dtype, hidden_size))
             self.cached_pairs = min(self.cached_pairs, update.start_position)
         sequence.new_features.clear()
 
@@ -156,7 +148,7 @@ class EagleDrafter(ModelDrafter):
         for request in batch:
             sequence, state = request.sequence, self._state(request.sequence)
             n = len(sequence.tokens)
-            if not 1 < n <= self.runner.max_context_length or state.length < n - 1:
+            if not 1 < n <= self.runner.max_context_length or state.features.length < n - 1:
                 continue  # the target has not sent the features of every token before the newest yet
             first = min(state.cached_pairs, n - 2)  # at least the newest pair, for its logits
             new_tokens = sequence.tokens[first + 1:n]
@@ -165,7 +157,7 @@ class EagleDrafter(ModelDrafter):
             self.runner.allocator.truncate(sequence.sequence_id, first)
             ready.append(_Chain(request, state))
             inputs.append(SequenceInput(sequence.sequence_id, new_tokens, first, num_logits=1))
-            features.append(state.features[first:n - 1])
+            features.append(state.features.rows(first, n - 1))
         if not ready:
             return {}
         logits, g = self.runner.draft(inputs, torch.cat(features))  # logits [B, V'], g [T, D]
