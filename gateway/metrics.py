@@ -35,6 +35,9 @@ class GatewayMetrics:
             "(errors and cancellations: specd_rpc_requests_total by code)",
             ["reason"], registry=r)
         self.requests_running = Gauge("specd_gateway_requests_running", "Generate streams in progress", registry=r)
+        self.http_requests = Counter("specd_gateway_http_requests",
+                                     "Requests to the OpenAI-compatible HTTP API, by route and the status answered",
+                                     ["route", "status"], registry=r)
 
     def observe_request(self, prompt_tokens: int, started: float) -> RequestObserver:
         self.prompt_tokens.inc(prompt_tokens)

@@ -7,11 +7,14 @@ import time
 
 import grpc
 
+from gateway.http.app import build_app
+from gateway.http.server import HttpServer
 from gateway.metrics import GatewayMetrics
-from gateway.servicer import GenerationServicer, method_schemas
+from gateway.pipeline import GenerationPipeline, method_schemas
+from gateway.servicer import GenerationServicer
 from gateway.tokenizer import Tokenizer
 from specd.health import UpstreamHealth
-from specd.rpc import insecure_channel
+from specd.rpc import balanced_channel
 from specd import defaults
 from specd.serving import Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
@@ -24,38 +27,52 @@ TARGET_STARTUP_TIMEOUT_S = 60.0
 
 
 class GatewayService(Service):
-    """The gRPC server plus its channel to the target; reports NOT_SERVING while the target is down."""
+    """The gRPC server, the OpenAI-compatible HTTP server beside it (unless http_address is None), and
+    their channel to the target; reports NOT_SERVING while the target is down."""
 
     def __init__(self, tokenizer: Tokenizer, target_channel: grpc.aio.Channel, target_address: str,
                  model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, upstream_timeout_s: float,
-                 address: str, metrics_address: str | None):
+                 address: str, metrics_address: str | None, http_address: str | None = None,
+                 grace: float = defaults.SHUTDOWN_GRACE_S):
         self.metrics = GatewayMetrics()
         self._target_channel = target_channel
         self._target_health = UpstreamHealth(f"target at {target_address}", target_channel, self.set_serving)
-        self._servicer = GenerationServicer(tokenizer, target_pb2_grpc.TargetStub(target_channel), self._target_health,
-                                            model_info, default_speculative, self.metrics, upstream_timeout_s)
-        spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, self._servicer,
+        self.pipeline = GenerationPipeline(tokenizer, target_pb2_grpc.TargetStub(target_channel), self._target_health,
+                                           model_info, default_speculative, self.metrics, upstream_timeout_s)
+        spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server,
+                           GenerationServicer(self.pipeline, self.metrics),
                            generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)
         super().__init__("gateway", [spec], address, metrics_address, self.metrics.registry)
+        self.http = HttpServer(build_app(self.pipeline, self.metrics), http_address, grace) if http_address else None
 
     async def start(self) -> None:
         await super().start()
+        if self.http is not None:
+            await self.http.start()
         self._target_health.start()
+
+    def banner(self) -> str:
+        return super().banner() + (f" http {self.http.url}" if self.http is not None else "")
 
     async def stop(self, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
         await self._target_health.stop()
+        if self.http is not None:
+            await self.http.stop()
         await super().stop(grace)
-        self._servicer.close()
+        self.pipeline.close()
         await self._target_channel.close()
 
 
 async def create_service(model: str, target_address: str, address: str = defaults.GATEWAY_ADDRESS,
                          metrics_address: str | None = defaults.GATEWAY_METRICS_ADDRESS,
                          default_speculative: SpeculativeConfig = SpeculativeConfig(),
-                         upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S) -> GatewayService:
-    """A gateway for `model`'s tokenizer in front of the target at `target_address`, not yet started."""
+                         upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
+                         http_address: str | None = None,
+                         grace: float = defaults.SHUTDOWN_GRACE_S) -> GatewayService:
+    """A gateway for `model`'s tokenizer in front of the target at `target_address`, not yet started;
+    with an HTTP API on `http_address` if one is given."""
     tokenizer = await asyncio.to_thread(Tokenizer.load, model)
-    channel = insecure_channel(target_address)
+    channel = balanced_channel(target_address)  # over every target replica the address resolves to
     try:
         model_info = await fetch_model_info(target_pb2_grpc.TargetStub(channel), target_address,
                                             TARGET_STARTUP_TIMEOUT_S)
@@ -65,16 +82,17 @@ async def create_service(model: str, target_address: str, address: str = default
         await channel.close()
         raise
     return GatewayService(tokenizer, channel, target_address, model_info, default_speculative, upstream_timeout_s,
-                          address, metrics_address)
+                          address, metrics_address, http_address, grace)
 
 
 async def serve(model: str, target_address: str, address: str = defaults.GATEWAY_ADDRESS,
                 metrics_address: str | None = defaults.GATEWAY_METRICS_ADDRESS,
                 default_speculative: SpeculativeConfig = SpeculativeConfig(),
                 upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
+                http_address: str | None = defaults.GATEWAY_HTTP_ADDRESS,
                 grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
     service = await create_service(model, target_address, address, metrics_address, default_speculative,
-                                   upstream_timeout_s)
+                                   upstream_timeout_s, http_address, grace)
     await serve_until_signalled(service, grace)
 
 

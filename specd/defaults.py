@@ -5,6 +5,8 @@
 # ports (tests/deploy/test_compose.py holds the two together).
 GATEWAY_ADDRESS = "127.0.0.1:50051"
 GATEWAY_METRICS_ADDRESS = "127.0.0.1:9100"
+# The gateway's OpenAI-compatible HTTP API (vLLM's and SGLang's servers default to port 8000 too).
+GATEWAY_HTTP_ADDRESS = "127.0.0.1:8000"
 TARGET_ADDRESS = "127.0.0.1:50052"
 TARGET_METRICS_ADDRESS = "127.0.0.1:9101"
 DRAFTER_ADDRESS = "127.0.0.1:50061"

@@ -8,6 +8,7 @@ class InvalidArgument(ValueError):
     def __init__(self, field_name: str, message: str):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+        self.reason = message
 
 
 class ResourceExhausted(RuntimeError):

@@ -20,6 +20,10 @@ log = logging.getLogger(__name__)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The health service name that is SERVING for as long as the process answers, whatever its upstreams:
+# what a liveness probe asks (the gateway is NOT_SERVING while its target is down, and restarting the
+# gateway would not bring the target back).
+LIVENESS = "liveness"
 
 
 @dataclass
@@ -61,6 +65,7 @@ class Service:
             self.metrics_port = self._metrics_http.server_port
         await self.server.start()
         await self.set_serving(True)
+        await self.health.set(LIVENESS, SERVING)
         log.info("%s listening on %s (metrics on :%s)", self.name, self.grpc_address, self.metrics_port)
 
     @property
@@ -71,6 +76,11 @@ class Service:
         """What grpc.health.v1 reports for the server ("") and each of its services."""
         for full_name in ["", *self._service_names]:
             await self.health.set(full_name, SERVING if serving else NOT_SERVING)
+
+    def banner(self) -> str:
+        """Where it listens, as `specd serve` prints it when it is up."""
+        metrics = f"http://127.0.0.1:{self.metrics_port}/metrics" if self.metrics_port else "off"
+        return f"{self.name} listening on {self.grpc_address} metrics {metrics}"
 
     @property
     def grpc_address(self) -> str:
@@ -92,8 +102,7 @@ async def serve_until_signalled(service: Service, grace: float = defaults.SHUTDO
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
-    metrics = f"http://127.0.0.1:{service.metrics_port}/metrics" if service.metrics_port else "off"
-    print(f"{service.name} listening on {service.grpc_address} metrics {metrics}", flush=True)
+    print(service.banner(), flush=True)
     await stop.wait()
     log.info("%s: shutting down; in-flight streams have %g s to finish", service.name, grace)
     await service.stop(grace)

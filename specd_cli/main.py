@@ -137,6 +137,17 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
 SCHEDULER_FLAGS = ("kv_cache_tokens", "kv_cache_memory", "max_num_seqs", "max_step_tokens", "max_waiting")
 
 
+def _add_http_flags(parser: argparse.ArgumentParser, listen: bool = True) -> None:
+    """The gateway's OpenAI-compatible HTTP API: on by default, beside gRPC."""
+    if listen:
+        parser.add_argument("--http-listen", default=defaults.GATEWAY_HTTP_ADDRESS, metavar="ADDRESS",
+                            help=f"address of the OpenAI-compatible HTTP API (default {defaults.GATEWAY_HTTP_ADDRESS})")
+    else:
+        parser.set_defaults(http_listen=defaults.GATEWAY_HTTP_ADDRESS)
+    parser.add_argument("--no-http", dest="http_listen", action="store_const", const=None,
+                        help="serve gRPC only, no HTTP API")
+
+
 def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("capacity and scheduling")
     group.add_argument("--kv-cache-tokens", type=int, default=32768, help="KV cache capacity in tokens")
@@ -212,6 +223,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_engine_flags(up)
     _add_scheduler_flags(up)
     _add_draft_model_flags(up)
+    _add_http_flags(up, listen=False)
     up.set_defaults(run=_up)
 
     serve = commands.add_parser("serve", help="start one service")
@@ -246,6 +258,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--upstream-timeout", type=float, default=defaults.UPSTREAM_TIMEOUT_S, metavar="SECONDS",
                          help="the longest one request may run, unless the client's deadline is sooner "
                               f"(default {defaults.UPSTREAM_TIMEOUT_S:g})")
+    _add_http_flags(gateway)
     drafter.add_argument("--method", default="ngram", help="proposer to serve (default ngram)")
     drafter.add_argument("--max-cached-requests", type=int, default=MAX_CACHED_REQUESTS,
                          help="suffix: finished requests whose outputs the global suffix tree keeps, newest first; "
@@ -350,7 +363,8 @@ def _serve(args: argparse.Namespace) -> int:
         from gateway.server import serve
         asyncio.run(serve(model=args.model, target_address=args.target, address=args.listen,
                           metrics_address=args.metrics_listen, default_speculative=_speculative_of(args),
-                          upstream_timeout_s=args.upstream_timeout, grace=args.shutdown_grace))
+                          upstream_timeout_s=args.upstream_timeout, http_address=args.http_listen,
+                          grace=args.shutdown_grace))
     else:
         from drafter_svc.sequences import SequenceRegistry
         from drafter_svc.server import serve
@@ -364,7 +378,7 @@ def _up(args: argparse.Namespace) -> int:
     from specd_cli.stack import run_stack
     _engine_of(args)  # a bad value is refused here, not by the target after the others started
     return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype, *_scheduler_args(args)],
-                     args.drafters, _draft_model_args(args))
+                     args.drafters, _draft_model_args(args), http=args.http_listen is not None)
 
 
 def main(argv: list[str] | None = None) -> int:

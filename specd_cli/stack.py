@@ -58,13 +58,14 @@ class StackPorts:
     metrics: dict[str, int] = field(default_factory=lambda: {
         "gateway": _port(defaults.GATEWAY_METRICS_ADDRESS), "target": _port(defaults.TARGET_METRICS_ADDRESS),
         **{drafter_service(m): _port(defaults.DRAFTER_METRICS_ADDRESS) + i for i, m in enumerate(ALL_DRAFTER_METHODS)}})
+    http: int | None = _port(defaults.GATEWAY_HTTP_ADDRESS)  # the gateway's OpenAI-compatible API; None: off
 
     @classmethod
     def free(cls) -> StackPorts:
         """Free ports for every service: a stack beside any other (tests, benchmarks)."""
         services = ["gateway", "target", *map(drafter_service, ALL_DRAFTER_METHODS)]
-        ports = iter(free_ports(2 * len(services)))
-        return cls({s: next(ports) for s in services}, {s: next(ports) for s in services})
+        ports = iter(free_ports(2 * len(services) + 1))
+        return cls({s: next(ports) for s in services}, {s: next(ports) for s in services}, next(ports))
 
 
 @dataclass
@@ -96,6 +97,11 @@ class Stack:
     def metrics_url(self, service: str) -> str:
         return f"http://{self.host}:{self.ports.metrics[service]}/metrics"
 
+    @property
+    def http_url(self) -> str | None:
+        """The base URL of the gateway's OpenAI-compatible API (what an `openai` client takes)."""
+        return f"http://{self.host}:{self.ports.http}/v1" if self.ports.http is not None else None
+
     def command(self, service: str) -> list[str]:
         role = "drafter" if service.startswith("drafter-") else service
         base = [sys.executable, "-m", "specd_cli.main", "serve", role, "--listen", self.address(service),
@@ -109,7 +115,8 @@ class Stack:
         if service == "target":
             drafters = [arg for m in self.drafters for arg in ("--drafter", f"{m}={self.address(drafter_service(m))}")]
             return [*base, "--model", self.model, *drafters, *threads, *self.extra_target_args]
-        return [*base, "--model", self.model, "--target", self.address("target")]
+        http = ["--http-listen", f"{self.host}:{self.ports.http}"] if self.ports.http is not None else ["--no-http"]
+        return [*base, "--model", self.model, "--target", self.address("target"), *http]
 
     def start(self, service: str) -> None:
         self.processes[service] = subprocess.Popen(self.command(service))
@@ -179,9 +186,12 @@ class Stack:
 
 
 def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None,
-              drafters: tuple[str, ...] = DRAFTER_METHODS, model_drafter_args: list[str] | None = None) -> int:
+              drafters: tuple[str, ...] = DRAFTER_METHODS, model_drafter_args: list[str] | None = None,
+              http: bool = True) -> int:
     stack = Stack(model=model, threads=threads, extra_target_args=target_args or [], drafters=drafters,
                   model_drafter_args=model_drafter_args or [])
+    if not http:
+        stack.ports.http = None
     try:
         stack.up()
     except (RuntimeError, TimeoutError) as err:
@@ -191,6 +201,8 @@ def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_arg
     print("specd is up:")
     for service in reversed(stack.services):
         print(f"  {service:14} grpc {stack.address(service):18} metrics {stack.metrics_url(service)}")
+    if stack.http_url:
+        print(f"  {'gateway':14} http {stack.http_url}  (OpenAI-compatible)")
     print('try:  specd generate --chat "Write a haiku about speculative decoding"', flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

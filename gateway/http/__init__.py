@@ -1,0 +1,1 @@
+"""The gateway's OpenAI-compatible HTTP API, beside its gRPC one, over the same GenerationPipeline."""

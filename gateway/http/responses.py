@@ -1,0 +1,76 @@
+"""specd's response chunks in OpenAI's shapes: chat.completion(.chunk) and text_completion."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from specd.v1 import common_pb2, generation_pb2
+
+# A stop string is a stop to OpenAI.
+FINISH_REASONS = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
+                  common_pb2.FINISH_REASON_STOP_STRING: "stop"}
+
+
+def finish_reason(response: generation_pb2.GenerateResponse) -> str | None:
+    return FINISH_REASONS.get(response.finish_reason)
+
+
+def usage_json(usage: common_pb2.Usage) -> dict:
+    """OpenAI's usage, plus what speculation did for the request."""
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "draft_tokens": usage.draft_tokens, "accepted_draft_tokens": usage.accepted_draft_tokens,
+            "verification_steps": usage.verification_steps}
+
+
+class ResponseShape:
+    """One request's envelope (id, created, model) and its endpoint's choice shape."""
+    id_prefix: str
+    object: str
+    chunk_object: str
+
+    def __init__(self, model: str):
+        self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+
+    def envelope(self, object_name: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def chunk(self, text: str, finish: str | None, first: bool) -> dict:
+        return self.envelope(self.chunk_object, [{"index": 0, **self._delta(text, first), "logprobs": None,
+                                                  "finish_reason": finish}])
+
+    def usage_chunk(self, usage: common_pb2.Usage) -> dict:
+        return {**self.envelope(self.chunk_object, []), "usage": usage_json(usage)}
+
+    def whole(self, text: str, finish: str | None, usage: common_pb2.Usage) -> dict:
+        return {**self.envelope(self.object, [{"index": 0, **self._whole(text), "logprobs": None,
+                                               "finish_reason": finish}]), "usage": usage_json(usage)}
+
+    def _delta(self, text: str, first: bool) -> dict:
+        raise NotImplementedError
+
+    def _whole(self, text: str) -> dict:
+        raise NotImplementedError
+
+
+class ChatShape(ResponseShape):
+    id_prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def _delta(self, text: str, first: bool) -> dict:
+        return {"delta": {"role": "assistant", "content": text} if first else {"content": text}}
+
+    def _whole(self, text: str) -> dict:
+        return {"message": {"role": "assistant", "content": text}}
+
+
+class CompletionShape(ResponseShape):
+    id_prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
+
+    def _delta(self, text: str, first: bool) -> dict:
+        return {"text": text}
+
+    def _whole(self, text: str) -> dict:
+        return {"text": text}

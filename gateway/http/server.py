@@ -1,0 +1,58 @@
+"""Runs the HTTP app with uvicorn inside the gateway's own event loop, beside its gRPC server."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import uvicorn
+from fastapi import FastAPI
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the gateway's process handles SIGTERM for both APIs."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class HttpServer:
+    def __init__(self, app: FastAPI, address: str, grace: float):
+        self._app = app
+        self._address = address
+        self._grace = grace
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        # The socket is bound here, not by uvicorn, so a taken port is an error we report (uvicorn exits).
+        host, _, port = self._address.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            sock = socket.create_server((host, int(port)), family=family)
+        except OSError as error:
+            raise RuntimeError(f"gateway HTTP: cannot listen on {self._address}: {error}") from error
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=max(int(self._grace), 1))
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError(f"gateway HTTP: the server on {self._address} stopped at start-up")
+            await asyncio.sleep(0.01)
+
+    @property
+    def url(self) -> str:
+        host = self._address.rpartition(":")[0] or "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.should_exit = True
+        await self._task
