@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.http.errors import HttpError
 from gateway.http.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.http.responses import ChatShape, CompletionShape, ResponseShape, finish_reason
+from gateway.http.responses import ChatShape, CompletionShape, ResponseShape
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline import GenerationPipeline
 from specd.errors import InvalidArgument
@@ -66,36 +66,36 @@ def build_app(pipeline: GenerationPipeline, metrics: GatewayMetrics) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
-        return await respond("/v1/chat/completions", body, ChatShape(model))
+        return await respond("/v1/chat/completions", body, ChatShape(model, body.return_token_ids))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        return await respond("/v1/completions", body, CompletionShape(model))
+        return await respond("/v1/completions", body, CompletionShape(model, body.return_token_ids))
 
     return app
 
 
 async def _whole(first: generation_pb2.GenerateResponse, chunks: AsyncIterator[generation_pb2.GenerateResponse],
                  shape: ResponseShape) -> dict:
-    text, last = [first.text], first
+    responses = [first]
     async with contextlib.aclosing(chunks):
         try:
-            async for last in chunks:
-                text.append(last.text)
+            async for response in chunks:
+                responses.append(response)
         except Exception as error:
             raise HttpError.of(error) from None
-    return shape.whole("".join(text), finish_reason(last), last.usage)
+    return shape.whole(responses)
 
 
 async def _events(first: generation_pb2.GenerateResponse, chunks: AsyncIterator[generation_pb2.GenerateResponse],
                   shape: ResponseShape, include_usage: bool) -> AsyncIterator[str]:
     """Server-sent events as OpenAI streams them; an error after the stream began is one last event."""
     async with contextlib.aclosing(chunks):  # a client gone cancels the request at the target now
-        yield _event(shape.chunk(first.text, finish_reason(first), first=True))
+        yield _event(shape.chunk(first, first=True))
         last = first
         try:
             async for last in chunks:
-                yield _event(shape.chunk(last.text, finish_reason(last), first=False))
+                yield _event(shape.chunk(last, first=False))
         except Exception as error:
             yield _event(HttpError.of(error).body())
             return

@@ -39,6 +39,7 @@ class _Request(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = Field(False, description="vLLM's extension: each choice carries its token ids")
     speculative_config: dict[str, Any] | None = Field(
         None, description="specd's per-request speculation in vLLM's flat keys: method, num_speculative_tokens and "
                           "the method's own options (e.g. prompt_lookup_max)")

@@ -29,25 +29,34 @@ class ResponseShape:
     object: str
     chunk_object: str
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, with_token_ids: bool = False):
         self.id = f"{self.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
+        self.with_token_ids = with_token_ids
 
     def envelope(self, object_name: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def chunk(self, text: str, finish: str | None, first: bool) -> dict:
-        return self.envelope(self.chunk_object, [{"index": 0, **self._delta(text, first), "logprobs": None,
-                                                  "finish_reason": finish}])
+    def chunk(self, response: generation_pb2.GenerateResponse, first: bool) -> dict:
+        return self.envelope(self.chunk_object, [{"index": 0, **self._delta(response.text, first), "logprobs": None,
+                                                  "finish_reason": finish_reason(response),
+                                                  **self._token_ids(response.token_ids)}])
 
     def usage_chunk(self, usage: common_pb2.Usage) -> dict:
         return {**self.envelope(self.chunk_object, []), "usage": usage_json(usage)}
 
-    def whole(self, text: str, finish: str | None, usage: common_pb2.Usage) -> dict:
+    def whole(self, responses: list[generation_pb2.GenerateResponse]) -> dict:
+        text = "".join(response.text for response in responses)
+        token_ids = [token_id for response in responses for token_id in response.token_ids]
+        last = responses[-1]
         return {**self.envelope(self.object, [{"index": 0, **self._whole(text), "logprobs": None,
-                                               "finish_reason": finish}]), "usage": usage_json(usage)}
+                                               "finish_reason": finish_reason(last),
+                                               **self._token_ids(token_ids)}]), "usage": usage_json(last.usage)}
+
+    def _token_ids(self, token_ids) -> dict:
+        return {"token_ids": list(token_ids)} if self.with_token_ids else {}
 
     def _delta(self, text: str, first: bool) -> dict:
         raise NotImplementedError

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specd.model_store import DEFAULT_MODEL
 from specd_cli.bench.errors import BenchError
+from specd_cli.bench.gateway_requests import PROTOCOLS
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
 from specd_cli.bench.records import BASELINE_SYSTEMS
 
@@ -44,7 +45,11 @@ def _baselines(text: str) -> list[str]:
 def _add_common_flags(parser: argparse.ArgumentParser, max_tokens: int, warmup: int) -> argparse._ArgumentGroup:
     """Flags both commands share; returns the "what to run" group for the command's own flags."""
     where = parser.add_argument_group("the stack under test")
-    where.add_argument("--gateway", default=None, help="address of a running gateway (default: start a stack)")
+    where.add_argument("--gateway", default=None,
+                       help="a running gateway: its gRPC address, or with --protocol http its API's base URL "
+                            "(e.g. http://127.0.0.1:8000/v1) (default: start a stack)")
+    where.add_argument("--protocol", choices=PROTOCOLS, default="grpc",
+                       help="the gateway's API to drive: gRPC or the OpenAI-compatible HTTP one (default grpc)")
     where.add_argument("--target", default=None,
                        help="address of that deployment's target, to list its methods (with --gateway)")
     where.add_argument("--start-stack", action="store_true",
@@ -159,13 +164,13 @@ async def _spec(args: argparse.Namespace) -> int:
 
 
 async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
-    from specd.client import SpecdClient
     from specd.model_store import resolve_model
     from specd_cli.bench.deployment import deployment, resolve_methods
+    from specd_cli.bench.gateway_requests import connected
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods, args.draft_layers) as stack:
+                    args.methods, args.draft_layers, args.protocol) as stack:
         settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout, args.passes)
         baselines = None
@@ -175,8 +180,8 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
             from specd_cli.bench.baselines import TransformersBaselines
             baselines = TransformersBaselines(resolve_model(args.model), threads, args.prompt_lookup_num_tokens,
                                               getattr(torch, args.dtype))
-        async with SpecdClient(stack.gateway) as client:
-            runner = SpecRunner(client, settings, baselines)
+        async with connected(args.protocol, stack.gateway) as gateway:
+            runner = SpecRunner(gateway, settings, baselines)
             await runner.warm_up()
             return settings, await runner.run(prompts)
 
@@ -251,17 +256,17 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
-    from specd.client import SpecdClient
     from specd_cli.bench.deployment import deployment, resolve_methods
+    from specd_cli.bench.gateway_requests import connected
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods, args.draft_layers) as stack:
+                    args.methods, args.draft_layers, args.protocol) as stack:
         settings = ServeSettings(resolve_methods(args.methods, stack.target), args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout)
-        async with SpecdClient(stack.gateway) as client:
-            runner = LoadRunner(client, settings, prompts)
+        async with connected(args.protocol, stack.gateway) as gateway:
+            runner = LoadRunner(gateway, settings, prompts)
             await runner.warm_up()
             return settings, await runner.run()
 

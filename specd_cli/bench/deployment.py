@@ -17,7 +17,7 @@ from specd_cli.stack import DRAFTER_METHODS, MODEL_DRAFTER_METHODS, Stack, Stack
 
 @dataclass
 class Deployment:
-    gateway: str
+    gateway: str  # gRPC host:port, or the HTTP API's base URL when the bench speaks HTTP
     target: str | None  # known when started here or given with --target
 
 
@@ -34,10 +34,11 @@ class _LoggedStack(Stack):
 
 @contextmanager
 def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path,
-               methods: list[str] | None = None, draft_layers: int | None = None) -> Iterator[Deployment]:
+               methods: list[str] | None = None, draft_layers: int | None = None,
+               protocol: str = "grpc") -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter,
     and the model drafters among `methods` (in the target's dtype; draft_model on the target's first
-    `draft_layers` layers when given)."""
+    `draft_layers` layers when given). `protocol`: which of the gateway's APIs the bench speaks."""
     if gateway:
         yield Deployment(gateway, target)
         return
@@ -53,7 +54,7 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
             stack.up()
         except (RuntimeError, TimeoutError) as err:
             raise BenchError(f"could not start the stack: {err} (service logs in {log_dir})") from err
-        yield Deployment(stack.address("gateway"), stack.address("target"))
+        yield Deployment(stack.http_url if protocol == "http" else stack.address("gateway"), stack.address("target"))
     finally:
         stack.down()
 

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from specd.client import SpecdClient
 from specd_cli.bench.errors import BenchError
-from specd_cli.bench.gateway_requests import timed_request
+from specd_cli.bench.gateway_requests import Gateway
 from specd_cli.bench.prompts import Prompt
 from specd_cli.bench.records import RequestRecord
 from specd_cli.bench.spec_runner import WARMUP_PROMPT, rotated
@@ -49,8 +48,8 @@ def poisson_send_times(count: int, rate: float, seed: int) -> list[float]:
 
 
 class LoadRunner:
-    def __init__(self, client: SpecdClient, settings: ServeSettings, prompts: list[Prompt]):
-        self.client = client
+    def __init__(self, gateway: Gateway, settings: ServeSettings, prompts: list[Prompt]):
+        self.gateway = gateway
         self.settings = settings
         self.prompts = prompts
 
@@ -58,8 +57,8 @@ class LoadRunner:
         s = self.settings
         sent_at = time.perf_counter() - started
         seed = s.seed + index if s.temperature > 0 else None
-        record = await timed_request(self.client, self.prompts[index], method, s.temperature, seed,
-                                     s.max_tokens, s.timeout_s)
+        record = await self.gateway.timed_request(self.prompts[index], method, s.temperature, seed, s.max_tokens,
+                                                  s.timeout_s)
         record.sent_at_s, record.concurrency = sent_at, concurrency
         return record
 
@@ -81,8 +80,9 @@ class LoadRunner:
     async def warm_up(self) -> None:
         for method in self.settings.methods:
             for _ in range(self.settings.warmup):
-                record = await timed_request(self.client, WARMUP_PROMPT, method, self.settings.temperature,
-                                             self.settings.seed, self.settings.max_tokens, self.settings.timeout_s)
+                record = await self.gateway.timed_request(WARMUP_PROMPT, method, self.settings.temperature,
+                                                          self.settings.seed, self.settings.max_tokens,
+                                                          self.settings.timeout_s)
                 if record.error:
                     raise BenchError(f"warm-up request of {method} failed: {record.error}")
 

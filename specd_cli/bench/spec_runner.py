@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from specd.client import SpecdClient
 from specd_cli.bench.errors import BenchError
-from specd_cli.bench.gateway_requests import timed_request
+from specd_cli.bench.gateway_requests import Gateway
 from specd_cli.bench.prompts import Prompt
 from specd_cli.bench.records import RequestRecord
 
@@ -63,15 +62,15 @@ def rotated(items: list[str], shift: int) -> list[str]:
 
 
 class SpecRunner:
-    def __init__(self, client: SpecdClient, settings: SpecSettings, baselines: TransformersBaselines | None):
-        self.client = client
+    def __init__(self, gateway: Gateway, settings: SpecSettings, baselines: TransformersBaselines | None):
+        self.gateway = gateway
         self.settings = settings
         self.baselines = baselines
 
     async def run_one(self, system: str, prompt: Prompt, temperature: float, seed: int | None) -> RequestRecord:
         s = self.settings
         if system in s.methods:
-            return await timed_request(self.client, prompt, system, temperature, seed, s.max_tokens, s.timeout_s)
+            return await self.gateway.timed_request(prompt, system, temperature, seed, s.max_tokens, s.timeout_s)
         return self.baselines.run(system, prompt, temperature, seed, s.max_tokens)
 
     async def warm_up(self) -> None:

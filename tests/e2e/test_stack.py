@@ -151,3 +151,20 @@ async def test_the_openai_client_gets_speculated_text_equal_to_grpcs_with_the_dr
     assert completion.choices[0].message.content == expected
     usage = completion.usage.model_extra
     assert usage["draft_tokens"] > 0 and 0 < usage["accepted_draft_tokens"] <= usage["draft_tokens"]
+
+
+async def test_the_bench_times_a_request_alike_over_grpc_and_http(stack):
+    """`specd bench --protocol http` records what `--protocol grpc` does: the same tokens, chunk by chunk."""
+    from specd_cli.bench.gateway_requests import connected
+    from specd_cli.bench.prompts import Prompt
+
+    prompt = Prompt("p", "writing", CHAT_PROMPTS[1])
+    records = []
+    for protocol, address in (("grpc", stack.address("gateway")), ("http", stack.http_url)):
+        async with connected(protocol, address) as gateway:
+            records.append(await gateway.timed_request(prompt, "ngram", 0.0, None, MAX_TOKENS, 300))
+    over_grpc, over_http = records
+    assert over_grpc.ok and over_http.ok, (over_grpc.error, over_http.error)
+    assert over_http.token_ids == over_grpc.token_ids and over_http.text == over_grpc.text
+    assert (over_http.prompt_tokens, over_http.finish_reason) == (over_grpc.prompt_tokens, over_grpc.finish_reason)
+    assert sum(n for _, n in over_http.chunks) == len(over_http.token_ids)

@@ -153,3 +153,15 @@ async def test_a_client_that_leaves_mid_stream_frees_its_sequence_at_the_target(
             break
         await asyncio.sleep(0.05)
     assert running() == 0
+
+
+async def test_return_token_ids_gives_each_chunk_the_ids_the_grpc_api_streams(gateway, client):
+    stream = await client.completions.create(model=DEFAULT_MODEL, prompt="Once upon a time", stream=True,
+                                             extra_body={"return_token_ids": True}, **GREEDY)
+    streamed = [token_id async for chunk in stream for token_id in chunk.choices[0].model_extra["token_ids"]]
+    async with grpc.aio.insecure_channel(gateway.grpc_address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        request = generation_pb2.GenerateRequest(prompt="Once upon a time",
+                                                 sampling=common_pb2.SamplingParams(max_tokens=24))
+        expected = [token_id async for r in stub.Generate(request) for token_id in r.token_ids]
+    assert streamed == expected and len(expected) == 24

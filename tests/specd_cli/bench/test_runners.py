@@ -1,5 +1,6 @@
-"""The request timing and the two run loops, against a fake gateway that streams scripted
-chunks and counts the requests in flight."""
+"""The request timing and the two run loops, against a fake gRPC gateway that streams scripted
+chunks and counts the requests in flight (the HTTP route is timed against the real gateway, in
+tests/e2e/test_stack.py)."""
 import asyncio
 import math
 
@@ -9,7 +10,7 @@ from tqdm import tqdm
 
 from specd.v1 import common_pb2, generation_pb2
 from specd_cli.bench.errors import BenchError
-from specd_cli.bench.gateway_requests import timed_request
+from specd_cli.bench.gateway_requests import GrpcGateway
 from specd_cli.bench.prompts import Prompt
 from specd_cli.bench.records import RequestRecord
 from specd_cli.bench.serve_runner import LoadRunner, ServeSettings, poisson_send_times
@@ -26,8 +27,11 @@ def chunks_of(token_groups, usage=None, finish_reason=common_pb2.FINISH_REASON_L
     return out
 
 
-class FakeGateway:
+class FakeGateway(GrpcGateway):
+    """The bench's gRPC route over a scripted client: this object is its own client."""
+
     def __init__(self, chunks=None, delay_s=0.0, fail_methods=()):
+        super().__init__(self)
         self.chunks = chunks or chunks_of([[1], [2, 3]])
         self.delay_s = delay_s
         self.fail_methods = set(fail_methods)
@@ -57,7 +61,7 @@ PROMPTS = [Prompt(str(i), "writing" if i % 2 else "coding", f"question {i}") for
 
 async def test_a_timed_request_is_a_chat_request_for_the_method_with_the_given_sampling():
     gateway = FakeGateway()
-    await timed_request(gateway, PROMPTS[0], "ngram", 0.7, 11, 64, timeout_s=5)
+    await gateway.timed_request(PROMPTS[0], "ngram", 0.7, 11, 64, timeout_s=5)
     (request,) = gateway.requests
     assert [(m.role, m.content) for m in request.chat.messages] == [("user", "question 0")]
     assert (request.speculative.method, request.sampling.max_tokens, request.sampling.seed) == ("ngram", 64, 11)
@@ -67,7 +71,7 @@ async def test_a_timed_request_is_a_chat_request_for_the_method_with_the_given_s
 async def test_a_timed_request_records_tokens_chunks_and_usage():
     usage = common_pb2.Usage(prompt_tokens=7, completion_tokens=3, verification_steps=2, draft_tokens=4,
                              accepted_draft_tokens=1)
-    record = await timed_request(FakeGateway(chunks_of([[1], [2, 3]], usage)), PROMPTS[0], "ngram", 0.0, None, 8, 5)
+    record = await FakeGateway(chunks_of([[1], [2, 3]], usage)).timed_request(PROMPTS[0], "ngram", 0.0, None, 8, 5)
     assert record.ok and record.token_ids == [1, 2, 3] and record.text == "xxx"
     assert [n for _, n in record.chunks] == [1, 2]
     assert record.chunks[0][0] <= record.chunks[1][0] <= record.e2e_s
@@ -76,13 +80,13 @@ async def test_a_timed_request_records_tokens_chunks_and_usage():
 
 
 async def test_a_failed_rpc_is_recorded_not_raised():
-    record = await timed_request(FakeGateway(fail_methods={"ngram"}), PROMPTS[0], "ngram", 0.0, None, 8, 5)
+    record = await FakeGateway(fail_methods={"ngram"}).timed_request(PROMPTS[0], "ngram", 0.0, None, 8, 5)
     assert record.error == "UNAVAILABLE: target service unavailable"
 
 
 async def test_a_usage_that_disagrees_with_the_stream_is_an_error():
     usage = common_pb2.Usage(completion_tokens=5, verification_steps=2)
-    record = await timed_request(FakeGateway(chunks_of([[1], [2]], usage)), PROMPTS[0], "none", 0.0, None, 8, 5)
+    record = await FakeGateway(chunks_of([[1], [2]], usage)).timed_request(PROMPTS[0], "none", 0.0, None, 8, 5)
     assert "usage reports 5 completion tokens, the stream carried 2" in record.error
 
 
