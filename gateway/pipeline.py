@@ -133,7 +133,8 @@ class _ResponseStream:
     def respond(self, chunk: target_pb2.TargetGenerateResponse) -> generation_pb2.GenerateResponse:
         self._observer.on_chunk(len(chunk.token_ids))
         response = generation_pb2.GenerateResponse(text=self._text_of(chunk), token_ids=chunk.token_ids,
-                                                   accepted_draft_tokens=chunk.accepted_draft_tokens)
+                                                   accepted_draft_tokens=chunk.accepted_draft_tokens,
+                                                   logprobs=chunk.logprobs)
         if self._stop.matched or chunk.finish_reason:
             response.finish_reason = common_pb2.FINISH_REASON_STOP_STRING if self._stop.matched else chunk.finish_reason
             response.usage.CopyFrom(chunk.usage)  # the target's running totals, up to this chunk

@@ -33,6 +33,10 @@ class Tokenizer:
                                                 return_dict=True)
         return list(encoding["input_ids"])
 
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's own text (a piece of a character, for a token that is one: U+FFFD)."""
+        return self._hf.batch_decode([[token_id] for token_id in token_ids])
+
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of token_ids, special tokens left out."""
         return self._hf.decode(token_ids, skip_special_tokens=True)

@@ -14,6 +14,7 @@ from specd.options import OptionSchema, OptionValue, options_from_pb, options_to
 from specd.v1 import common_pb2
 
 MAX_SPECULATIVE_TOKENS = 64  # a draft tree of 16-64 nodes is worth verifying where verification is cheap
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
 # Below this a temperature is greedy: dividing logits by it overflows (vLLM uses the same bound).
 GREEDY_TEMPERATURE = 1e-5
 
@@ -26,6 +27,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     max_tokens: int = 0  # 0: the server default
+    logprobs: int | None = None  # report each token's logprob and this many top ones; None: none
 
     @property
     def greedy(self) -> bool:
@@ -43,6 +45,8 @@ class SamplingParams:
                                   f"must be finite and > 0, got {self.repetition_penalty}")
         if self.max_tokens < 0:
             raise InvalidArgument("sampling.max_tokens", f"must be >= 0, got {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument("sampling.logprobs", f"must be in 0..{MAX_TOP_LOGPROBS}, got {self.logprobs}")
 
     @classmethod
     def from_pb(cls, pb: common_pb2.SamplingParams) -> SamplingParams:
@@ -53,6 +57,7 @@ class SamplingParams:
             repetition_penalty=pb.repetition_penalty or 1.0,
             seed=pb.seed if pb.HasField("seed") else None,
             max_tokens=pb.max_tokens,
+            logprobs=pb.logprobs if pb.HasField("logprobs") else None,
         )
 
     def to_pb(self) -> common_pb2.SamplingParams:
@@ -60,6 +65,8 @@ class SamplingParams:
                                        repetition_penalty=self.repetition_penalty, max_tokens=self.max_tokens)
         if self.seed is not None:
             pb.seed = self.seed
+        if self.logprobs is not None:
+            pb.logprobs = self.logprobs
         return pb
 
 
@@ -112,6 +119,17 @@ class SpeculativeConfig:
     def to_pb(self) -> common_pb2.SpeculativeConfig:
         return common_pb2.SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
                                             options=options_to_pb(self.options))
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's log probability, and the likeliest (token id, log probability) pairs there."""
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def to_pb(self) -> common_pb2.TokenLogprobs:
+        return common_pb2.TokenLogprobs(logprob=self.logprob, top_token_ids=[t for t, _ in self.top],
+                                        top_logprobs=[lp for _, lp in self.top])
 
 
 @dataclass

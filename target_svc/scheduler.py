@@ -470,7 +470,7 @@ class Scheduler:
     # -- committing a step's result -------------------------------------------
 
     def _commit(self, seq: Sequence, draft: DraftTree, result: VerifyResult) -> None:
-        out = seq.commit(result.tokens(list(draft.token_ids)), result.num_accepted, len(draft))
+        out = seq.commit(result.tokens(list(draft.token_ids)), result.num_accepted, len(draft), result.logprobs)
         self._runner.allocator.truncate(seq.request_id, seq.num_computed)  # roll back rejected drafts
         self._record(seq, draft, out)
         seq.outputs.put_nowait(out)

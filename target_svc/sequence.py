@@ -10,7 +10,7 @@ import torch
 
 from engine.features import FeatureLog
 from specd.latency import TokenClock
-from specd.types import SamplingParams, SpeculativeConfig, Usage
+from specd.types import SamplingParams, SpeculativeConfig, TokenLogprobs, Usage
 from specd.v1 import common_pb2
 
 
@@ -21,6 +21,7 @@ class StepOutput:
     accepted_draft_tokens: int
     finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
     usage: Usage = field(default_factory=Usage)  # running totals of the request so far
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, if the request asked
 
 
 class SequenceStatus(enum.Enum):
@@ -90,8 +91,10 @@ class Sequence:
             return 0
         return max(0, min(self.speculative.num_speculative_tokens, self.remaining - 1))
 
-    def commit(self, new_tokens: list[int], accepted: int, num_drafts: int) -> StepOutput:
-        """Append a step's tokens, cut at EOS or max_tokens; the output says if this finished the sequence."""
+    def commit(self, new_tokens: list[int], accepted: int, num_drafts: int,
+               logprobs: tuple[TokenLogprobs, ...] = ()) -> StepOutput:
+        """Append a step's tokens (and their logprobs, if asked for), cut at EOS or max_tokens; the output
+        says if this finished the sequence."""
         verified = not self.in_prefill  # the prefill's one token verifies nothing
         reason = common_pb2.FINISH_REASON_UNSPECIFIED
         for i, token in enumerate(new_tokens):
@@ -107,4 +110,4 @@ class Sequence:
         self.usage.verification_steps += verified
         self.usage.draft_tokens += num_drafts
         self.usage.accepted_draft_tokens += accepted
-        return StepOutput(new_tokens, accepted, reason, replace(self.usage))
+        return StepOutput(new_tokens, accepted, reason, replace(self.usage), list(logprobs[:len(new_tokens)]))

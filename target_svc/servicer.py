@@ -82,4 +82,5 @@ class TargetServicer(target_pb2_grpc.TargetServicer):
 
 def _to_pb(out: StepOutput) -> target_pb2.TargetGenerateResponse:
     return target_pb2.TargetGenerateResponse(token_ids=out.token_ids, accepted_draft_tokens=out.accepted_draft_tokens,
-                                             finish_reason=out.finish_reason, usage=out.usage.to_pb())
+                                             finish_reason=out.finish_reason, usage=out.usage.to_pb(),
+                                             logprobs=[lp.to_pb() for lp in out.logprobs])

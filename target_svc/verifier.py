@@ -7,12 +7,12 @@ ones go through lossless tree rejection sampling. Each is one kernel call over t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 import kernels
-from specd.types import SamplingParams
+from specd.types import SamplingParams, TokenLogprobs
 from target_svc.logits_processors import PenalizedRows, apply_repetition_penalty, to_probs
 
 
@@ -35,6 +35,7 @@ class VerifyInput:
 class VerifyResult:
     next_token: int
     path: tuple[int, ...] = ()  # the accepted draft nodes, from the root's child down
+    logprobs: tuple[TokenLogprobs, ...] = ()  # one per emitted token, when the request asked for them
 
     @property
     def num_accepted(self) -> int:
@@ -57,8 +58,27 @@ def verify(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]
     if greedy:
         results.update(zip(greedy, _verify_greedy(_rows_of(logits, row_offsets, greedy), [batch[i] for i in greedy])))
     if sampled:
-        results.update(zip(sampled, _verify_sampled(_rows_of(logits, row_offsets, sampled), [batch[i] for i in sampled])))
+        results.update(zip(sampled, _verify_sampled(_rows_of(logits, row_offsets, sampled),
+                                                    [batch[i] for i in sampled])))
+    for i, item in enumerate(batch):
+        if item.sampling.logprobs is not None:
+            results[i] = replace(results[i], logprobs=_logprobs(logits, row_offsets[i], item, results[i]))
     return [results[i] for i in range(len(batch))]
+
+
+def _logprobs(logits: torch.Tensor, first_row: int, item: VerifyInput,
+              result: VerifyResult) -> tuple[TokenLogprobs, ...]:
+    """Each emitted token's log probability at its row (the root's, then each accepted node's), under
+    the distribution its request samples from: what `none` reports for the same tokens. A greedy request
+    has none to sample from; it gets the one at temperature 1, after the same processors."""
+    rows = [first_row, *(first_row + 1 + node for node in result.path)]
+    params = item.sampling if not item.sampling.greedy else replace(item.sampling, temperature=1.0)
+    log_probs = to_probs(logits[rows].float(), [params] * len(rows)).log()
+    tokens = torch.tensor(result.tokens(item.drafts), device=log_probs.device)
+    chosen = log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    top = log_probs.topk(item.sampling.logprobs, dim=-1) if item.sampling.logprobs else None
+    return tuple(TokenLogprobs(lp, tuple(zip(top.indices[j].tolist(), top.values[j].tolist())) if top else ())
+                 for j, lp in enumerate(chosen))
 
 
 def _verify_greedy(logits: torch.Tensor, batch: list[VerifyInput]) -> list[VerifyResult]:

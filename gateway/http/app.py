@@ -21,6 +21,7 @@ from specd.v1 import generation_pb2
 def build_app(pipeline: GenerationPipeline, metrics: GatewayMetrics) -> FastAPI:
     app = FastAPI(title="specd", summary="OpenAI-compatible API of a specd gateway")
     model = pipeline.model_info.model
+    token_texts = pipeline.tokenizer.token_texts
 
     @app.exception_handler(HttpError)
     async def answer_error(request: Request, error: HttpError) -> JSONResponse:
@@ -66,11 +67,11 @@ def build_app(pipeline: GenerationPipeline, metrics: GatewayMetrics) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
-        return await respond("/v1/chat/completions", body, ChatShape(model, body.return_token_ids))
+        return await respond("/v1/chat/completions", body, ChatShape(model, token_texts, body.return_token_ids))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        return await respond("/v1/completions", body, CompletionShape(model, body.return_token_ids))
+        return await respond("/v1/completions", body, CompletionShape(model, token_texts, body.return_token_ids))
 
     return app
 

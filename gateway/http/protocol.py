@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from specd.errors import InvalidArgument
+from specd.types import MAX_TOP_LOGPROBS
 from specd.v1 import common_pb2, generation_pb2
 
 # OpenAI's defaults where they differ from specd's gRPC API (greedy when unset).
@@ -48,6 +49,11 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        """How many top logprobs each token reports; None: no logprobs at all."""
+        raise NotImplementedError
+
     def _to_request(self, max_tokens: int | None) -> generation_pb2.GenerateRequest:
         self._refuse_unsupported()
         sampling = common_pb2.SamplingParams(
@@ -56,6 +62,8 @@ class _Request(BaseModel):
             top_k=max(self.top_k or 0, 0),  # vLLM's -1 and specd's 0 both mean off
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             max_tokens=max_tokens or 0)
+        if self.top_logprobs_asked is not None:
+            sampling.logprobs = self.top_logprobs_asked
         if self.seed is not None:
             if self.seed < 0:
                 raise InvalidArgument("seed", f"must be >= 0, got {self.seed}")
@@ -118,12 +126,19 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
+    top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
 
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def to_request(self) -> generation_pb2.GenerateRequest:
-        if self.logprobs:
-            raise InvalidArgument("logprobs", "not supported yet")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidArgument("top_logprobs", "needs logprobs: true")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument("top_logprobs", f"must be in 0..{MAX_TOP_LOGPROBS}, got {self.top_logprobs}")
         if self.tools:
             raise InvalidArgument("tools", "tool calling is not supported")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -146,9 +161,11 @@ class CompletionRequest(_Request):
     suffix: str | None = None
     best_of: int | None = None
 
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
+
     def to_request(self) -> generation_pb2.GenerateRequest:
-        if self.logprobs is not None:
-            raise InvalidArgument("logprobs", "not supported yet")
         for name in ("echo", "suffix"):
             if getattr(self, name):
                 raise InvalidArgument(name, "not supported")

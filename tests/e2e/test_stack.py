@@ -136,6 +136,16 @@ def test_cli_generate_json_streams_chunks_and_usage(stack):
     assert final["finish_reason"] in ("stop", "length")
 
 
+async def _until_drafted(create, tries: int = 4):
+    """The target asks a drafter only where drafts have paid (its gate, which the earlier requests to this
+    stack trained): a few tries of a deterministic request, until one whose tokens were partly drafted."""
+    for _ in range(tries):
+        completion = await create()
+        if completion.usage.model_extra["accepted_draft_tokens"] > 0:
+            break
+    return completion
+
+
 async def test_the_openai_client_gets_speculated_text_equal_to_grpcs_with_the_draft_counts(stack):
     """The gateway's HTTP API through the whole stack: per-request speculation in vLLM's keys, and
     the same greedy text as the gRPC API, with what speculation did in the usage."""
@@ -145,9 +155,9 @@ async def test_the_openai_client_gets_speculated_text_equal_to_grpcs_with_the_dr
     expected, _, _ = await _chat(stack.address("gateway"), prompt, "none")
     async with openai.AsyncOpenAI(base_url=stack.http_url, api_key="unused", max_retries=0) as client:
         model = (await client.models.list()).data[0].id
-        completion = await client.chat.completions.create(
+        completion = await _until_drafted(lambda: client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=MAX_TOKENS,
-            extra_body={"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}})
+            extra_body={"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}))
     assert completion.choices[0].message.content == expected
     usage = completion.usage.model_extra
     assert usage["draft_tokens"] > 0 and 0 < usage["accepted_draft_tokens"] <= usage["draft_tokens"]
@@ -168,3 +178,25 @@ async def test_the_bench_times_a_request_alike_over_grpc_and_http(stack):
     assert over_http.token_ids == over_grpc.token_ids and over_http.text == over_grpc.text
     assert (over_http.prompt_tokens, over_http.finish_reason) == (over_grpc.prompt_tokens, over_grpc.finish_reason)
     assert sum(n for _, n in over_http.chunks) == len(over_http.token_ids)
+
+
+async def test_logprobs_over_http_are_the_same_whichever_method_drafted_the_tokens(stack):
+    """The target's own processed distribution at each position, with or without drafts."""
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=stack.http_url, api_key="unused", max_retries=0) as client:
+        model = (await client.models.list()).data[0].id
+
+        async def complete(method):
+            return await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": CHAT_PROMPTS[0]}], temperature=0,
+                max_tokens=MAX_TOKENS, logprobs=True, top_logprobs=2,
+                extra_body={"speculative_config": {"method": method}})
+
+        plain = (await complete("none")).choices[0].logprobs.content
+        speculated = await _until_drafted(lambda: complete("ngram"))
+    assert speculated.usage.model_extra["accepted_draft_tokens"] > 0
+    drafted = speculated.choices[0].logprobs.content
+    assert [e.token for e in drafted] == [e.token for e in plain]
+    assert [e.logprob for e in drafted] == pytest.approx([e.logprob for e in plain], abs=1e-3)
+    assert [[t.token for t in e.top_logprobs] for e in drafted] == [[t.token for t in e.top_logprobs] for e in plain]

@@ -179,3 +179,24 @@ async def test_model_info_lists_the_served_methods(stub, target):
     assert [(m.method, [o.name for o in m.options]) for m in info.method_info] == \
         [("none", []), ("ngram", ["prompt_lookup_min", "prompt_lookup_max"])]  # as the drafter described them
     assert info.max_context_length == target.runner.max_context_length
+
+
+async def test_logprobs_with_ngram_drafts_are_those_without_for_the_same_tokens(stub):
+    """Whichever method drafted a token, its logprob is the target's own at that position."""
+    plain_tokens, plain = await _generate(stub, _request(method="none", logprobs=2))
+    tokens, speculative = await _generate(stub, _request(method="ngram", logprobs=2))
+    assert tokens == plain_tokens and speculative[-1].usage.accepted_draft_tokens > 0
+    plain_lps = [lp for chunk in plain for lp in chunk.logprobs]
+    lps = [lp for chunk in speculative for lp in chunk.logprobs]
+    assert len(lps) == len(plain_lps) == len(tokens)
+    assert [lp.logprob for lp in lps] == pytest.approx([lp.logprob for lp in plain_lps], abs=1e-4)
+    assert [list(lp.top_token_ids) for lp in lps] == [list(lp.top_token_ids) for lp in plain_lps]
+    assert all(lp.top_token_ids[0] == token for lp, token in zip(lps, tokens))  # greedy: the top one
+
+
+async def test_no_logprobs_unless_asked_and_a_count_past_20_is_refused(stub):
+    _, chunks = await _generate(stub, _request(max_tokens=4))
+    assert all(not chunk.logprobs for chunk in chunks)
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await _generate(stub, _request(logprobs=21))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sampling.logprobs" in error.value.details()

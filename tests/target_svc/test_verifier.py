@@ -1,8 +1,9 @@
 """Verification turns logits into accepted drafts plus one token, losslessly."""
+import pytest
 import torch
 
 from specd.types import SamplingParams
-from target_svc.logits_processors import to_probs
+from target_svc.logits_processors import PenalizedRows, apply_repetition_penalty, to_probs
 from target_svc.verifier import VerifyInput, verify
 
 
@@ -90,3 +91,32 @@ def test_sampled_tree_drafts_keep_the_first_token_on_the_processed_target_distri
     empirical = torch.bincount(first, minlength=vocab).double() / trials
     expected = to_probs(logits[:1].clone(), [params])[0].double()
     assert (empirical - expected).abs().sum() < 0.04
+
+
+def test_logprobs_are_each_emitted_tokens_at_its_own_row_after_every_processor():
+    logits = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    params = SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.3, logprobs=3)
+    item = VerifyInput(params, [0, 2], [1, 6, 4], torch.Generator().manual_seed(0))
+    penalized = logits.clone()
+    [result] = verify(logits, [item])
+    rows = [0, *(1 + node for node in result.path)]
+    assert len(result.logprobs) == len(result.tokens(item.drafts)) == len(rows)
+    apply_repetition_penalty(penalized, [PenalizedRows(0, 1.3, [0, 2], [1, 6, 4])])
+    for row, token, reported in zip(rows, result.tokens(item.drafts), result.logprobs):
+        expected = to_probs(penalized[row:row + 1], [params]).log()[0]
+        assert reported.logprob == pytest.approx(expected[token].item(), abs=1e-5)
+        top = expected.topk(3)
+        assert [t for t, _ in reported.top] == top.indices.tolist()
+        assert [lp for _, lp in reported.top] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
+def test_a_greedy_requests_logprobs_are_at_temperature_one_and_none_are_made_unasked():
+    logits = torch.tensor([[0.0, 1.0, 3.0, 0.0], [2.0, 0.0, 0.0, 0.0]])
+    asked = VerifyInput(SamplingParams(logprobs=0), [0], [2], torch.Generator())
+    unasked = VerifyInput(SamplingParams(), [0], [2], torch.Generator())
+    first, second = verify(torch.cat([logits, logits]), [asked, unasked])
+    assert first.tokens([2]) == [2, 0]
+    expected = torch.log_softmax(logits, dim=-1)
+    assert [lp.logprob for lp in first.logprobs] == pytest.approx([expected[0, 2].item(), expected[1, 0].item()])
+    assert all(lp.top == () for lp in first.logprobs)
+    assert second.logprobs == ()

@@ -105,7 +105,7 @@ async def test_a_bad_value_is_a_400_naming_the_field_as_the_http_api_names_it(cl
 
 @pytest.mark.parametrize("fields, param", [
     ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
@@ -165,3 +165,25 @@ async def test_return_token_ids_gives_each_chunk_the_ids_the_grpc_api_streams(ga
                                                  sampling=common_pb2.SamplingParams(max_tokens=24))
         expected = [token_id async for r in stub.Generate(request) for token_id in r.token_ids]
     assert streamed == expected and len(expected) == 24
+
+
+async def test_chat_logprobs_name_each_token_with_its_top_alternatives(client):
+    completion = await client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, logprobs=True,
+                                                      top_logprobs=3, **GREEDY)
+    content = completion.choices[0].logprobs.content
+    assert len(content) == completion.usage.completion_tokens
+    assert "".join(entry.token for entry in content).startswith(completion.choices[0].message.content)
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.top_logprobs[0].token == entry.token  # greedy: the likeliest token is the one emitted
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+
+
+async def test_streamed_completion_logprobs_are_the_whole_ones_chunk_by_chunk(client):
+    fields = {"model": DEFAULT_MODEL, "prompt": "The three primary colors are", "logprobs": 2, **GREEDY}
+    whole = (await client.completions.create(**fields)).choices[0].logprobs
+    stream = await client.completions.create(**fields, stream=True)
+    streamed = [chunk.choices[0].logprobs async for chunk in stream]
+    assert [t for lp in streamed if lp for t in lp.tokens] == whole.tokens
+    assert [x for lp in streamed if lp for x in lp.token_logprobs] == pytest.approx(whole.token_logprobs)
+    assert all(len(top) <= 2 for top in whole.top_logprobs)

@@ -65,3 +65,12 @@ def test_a_completion_takes_one_prompt():
     assert CompletionRequest(model="m", prompt=["Once"]).to_request().prompt == "Once"
     with pytest.raises(InvalidArgument):
         CompletionRequest(model="m", prompt=["a", "b"]).to_request()
+
+
+def test_logprobs_ask_the_target_for_the_requested_top_count():
+    assert not chat().to_request().sampling.HasField("logprobs")
+    assert chat(logprobs=True).to_request().sampling.logprobs == 0
+    assert chat(logprobs=True, top_logprobs=5).to_request().sampling.logprobs == 5
+    assert CompletionRequest(model="m", prompt="Hi", logprobs=3).to_request().sampling.logprobs == 3
+    with pytest.raises(InvalidArgument):
+        chat(top_logprobs=2).to_request()  # without logprobs: true
