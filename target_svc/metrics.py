@@ -31,6 +31,11 @@ class TargetMetrics:
             "specd_drafting_skipped_steps",
             "Steps in which sequences could take drafts but the drafters were not asked: by what the drafts "
             "had been gaining, their round trip would have cost more", registry=r)
+        self.auto_choices = Counter(
+            "specd_auto_method_choices",
+            "Drafter asks for `method: auto` sequences, by the drafter chosen and why: trial (each is tried in "
+            "turn first), best (what has gained the sequence most), explore (the one asked longest ago)",
+            ["method", "reason"], registry=r)
         self.prefill_chunks = Counter(
             "specd_prefill_chunks",
             "Prompt pieces prefilled in a step without completing the prompt (chunked prefill: "

@@ -196,10 +196,12 @@ class Scheduler:
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
         for method, group in asking.items():  # each asked sequence that verified, with what its draft gained the batch
             asked_ids = {s.request_id for s, _ in group}
-            self._gate(method).asked(round_trips.get(method, round_trip),
-                                     [(item.seq, outcome.num_accepted - item.draft_price)
-                                      for item, outcome in zip(plan, outcomes)
-                                      if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)])
+            gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in zip(plan, outcomes)
+                     if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)]
+            self._gate(method).asked(round_trips.get(method, round_trip), gains)
+            for seq, gain in gains:
+                if seq.chooser is not None:
+                    seq.chooser.observe(method, gain)
         realized = 0
         for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):
@@ -209,7 +211,7 @@ class Scheduler:
             else:
                 realized += (1 + outcome.num_accepted) * item.is_decode
                 if item.draft:
-                    self._calibration.observe(item.seq.speculative.method, item.draft, outcome.num_accepted)
+                    self._calibration.observe(item.seq.drafting_method, item.draft, outcome.num_accepted)
                 self._commit(item.seq, item.draft, outcome)
         self._metrics.realized_step_tokens.inc(realized)
         for term, seconds in self._cost.coefficients._asdict().items():
@@ -222,7 +224,10 @@ class Scheduler:
         wanted: dict[str, list[tuple[Sequence, int]]] = {}
         for seq in decodes:
             if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0:
-                wanted.setdefault(seq.speculative.method, []).append((seq, k))
+                method, why = self._drafters.choose_method(seq)
+                if seq.chooser is not None:
+                    self._metrics.auto_choices.labels(method, why).inc()
+                wanted.setdefault(method, []).append((seq, k))
         asking = {}
         for method, group in wanted.items():
             sequences = [s for s, _ in group]
@@ -295,7 +300,7 @@ class Scheduler:
         how far each drafter's estimates have come true."""
         base = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
-        choice = choose_drafts([self._calibration.corrected(item.seq.speculative.method, item.draft)
+        choice = choose_drafts([self._calibration.corrected(item.seq.drafting_method, item.draft)
                                 for item in decoding],
                                [item.seq.num_computed for item in decoding], base, self._cost)
         decoded_per_second = len(decoding) / choice.base_seconds if choice.base_seconds > 0 else 0.0

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from engine.features import FeatureLog
+from target_svc.drafting.auto import MethodChooser
 from specd.latency import TokenClock
 from specd.types import SamplingParams, SpeculativeConfig, TokenLogprobs, Usage
 from specd.v1 import common_pb2
@@ -54,6 +55,9 @@ class Sequence:
     unasked_steps: int = 0
     # The target's features of its tokens by position, kept when its drafter drafts from them (EAGLE).
     features: FeatureLog | None = None
+    # The drafter its latest ask went to: its method's, or under `method: auto` the one `chooser` picked.
+    drafting_method: str = ""
+    chooser: MethodChooser | None = None
 
     def __post_init__(self):
         # Prompt + output in one list that only grows: the decode step reads it every step.

@@ -7,6 +7,7 @@ import time
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
 from specd.types import NONE_SCHEMA
+from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser
 from target_svc.drafting.base import DraftSource
 from target_svc.sequence import Sequence
 
@@ -21,16 +22,35 @@ class Drafters:
 
     @property
     def methods(self) -> list[str]:
-        return [NONE_SCHEMA.method, *self._sources]
+        return list(self.schemas)
 
     @property
     def schemas(self) -> dict[str, OptionSchema]:
-        """Every served method's options ("none" included), as the methods declare them."""
-        return {NONE_SCHEMA.method: NONE_SCHEMA, **{m: s.schema for m, s in self._sources.items()}}
+        """Every served method's options ("none" included, and "auto" where it has drafters to choose
+        from), as the methods declare them."""
+        auto = {AUTO_METHOD: AUTO_SCHEMA} if self.auto_methods else {}
+        return {NONE_SCHEMA.method: NONE_SCHEMA, **{m: s.schema for m, s in self._sources.items()}, **auto}
+
+    @property
+    def auto_methods(self) -> list[str]:
+        """The drafters `method: auto` chooses among: all but those that draft from the target's features,
+        which must follow a sequence from its first token."""
+        return [m for m, source in self._sources.items() if not source.schema.wants_features]
 
     def serves(self, seq: Sequence) -> bool:
         """Whether a source here drafts for the sequence's method."""
-        return seq.speculative.method in self._sources
+        return seq.speculative.method in self._sources or (seq.speculative.method == AUTO_METHOD
+                                                           and bool(self.auto_methods))
+
+    def choose_method(self, seq: Sequence) -> tuple[str, str]:
+        """The drafter to ask for the sequence this step, and why ("method": its own)."""
+        if seq.speculative.method != AUTO_METHOD:
+            seq.drafting_method = seq.speculative.method
+            return seq.drafting_method, "method"
+        if seq.chooser is None:
+            seq.chooser = MethodChooser(self.auto_methods)
+        seq.drafting_method, why = seq.chooser.choose()
+        return seq.drafting_method, why
 
     def wants_features(self, seq: Sequence) -> bool:
         """Whether the sequence's drafter drafts from the target's features."""
@@ -42,8 +62,8 @@ class Drafters:
         method's round trip in seconds."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
         for seq, k in wanted:
-            if k > 0 and seq.speculative.method in self._sources:
-                by_method.setdefault(seq.speculative.method, []).append((seq, k))
+            if k > 0 and seq.drafting_method in self._sources:
+                by_method.setdefault(seq.drafting_method, []).append((seq, k))
         replies = await asyncio.gather(*(self._timed(m, group) for m, group in by_method.items()))
         drafts, round_trips = {}, {}
         for method, reply, seconds in replies:  # a token the model cannot embed would fail the step: drop such drafts
@@ -57,9 +77,11 @@ class Drafters:
         return method, reply, time.perf_counter() - started
 
     def release(self, seq: Sequence) -> None:
-        source = self._sources.get(seq.speculative.method)
-        if source is not None:
-            source.release(seq)
+        """Every source that may hold the sequence forgets it (under auto, any of them)."""
+        methods = self.auto_methods if seq.speculative.method == AUTO_METHOD else [seq.speculative.method]
+        for method in methods:
+            if (source := self._sources.get(method)) is not None:
+                source.release(seq)
 
     async def close(self) -> None:
         await asyncio.gather(*(source.close() for source in self._sources.values()))

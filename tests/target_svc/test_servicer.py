@@ -175,9 +175,9 @@ async def test_on_shutdown_in_flight_streams_finish_within_the_grace_and_new_one
 
 async def test_model_info_lists_the_served_methods(stub, target):
     info = await stub.GetModelInfo(target_pb2.ModelInfoRequest())
-    assert list(info.methods) == ["none", "ngram"]
+    assert list(info.methods) == ["none", "ngram", "auto"]
     assert [(m.method, [o.name for o in m.options]) for m in info.method_info] == \
-        [("none", []), ("ngram", ["prompt_lookup_min", "prompt_lookup_max"])]  # as the drafter described them
+        [("none", []), ("ngram", ["prompt_lookup_min", "prompt_lookup_max"]), ("auto", [])]  # as described
     assert info.max_context_length == target.runner.max_context_length
 
 

@@ -1,0 +1,116 @@
+"""`method: auto` chooses, per sequence, the drafter whose drafts have gained it the most."""
+import asyncio
+import urllib.request
+
+import grpc
+import pytest
+
+from drafter_svc.server import create_service as create_drafter
+from specd.types import SpeculativeConfig
+from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_svc.drafting.auto import EXPLORE_EVERY, TRIALS, MethodChooser
+from target_svc.server import TargetOptions, TargetService
+
+
+def ask(chooser: MethodChooser, gains: dict[str, float]) -> tuple[str, str]:
+    method, why = chooser.choose()
+    chooser.observe(method, gains[method])
+    return method, why
+
+
+def test_every_drafter_is_tried_in_turn_before_any_is_preferred():
+    chooser = MethodChooser(["ngram", "suffix", "trie"])
+    first = [ask(chooser, {"ngram": 0.0, "suffix": 3.0, "trie": 1.0}) for _ in range(3 * TRIALS)]
+    assert [m for m, _ in first] == ["ngram", "suffix", "trie"] * TRIALS
+    assert {why for _, why in first} == {"trial"}
+
+
+def test_after_the_trials_the_drafter_that_gained_most_is_asked():
+    chooser = MethodChooser(["ngram", "suffix"])
+    gains = {"ngram": 0.5, "suffix": 2.0}
+    for _ in range(2 * TRIALS):
+        ask(chooser, gains)
+    assert chooser.choose() == ("suffix", "best")
+
+
+def test_the_drafter_asked_longest_ago_is_explored_now_and_then_and_can_take_over():
+    chooser = MethodChooser(["ngram", "suffix"])
+    gains = {"ngram": 0.2, "suffix": 1.0}
+    choices = [ask(chooser, gains) for _ in range(2 * TRIALS + 3 * EXPLORE_EVERY)]
+    explored = [m for m, why in choices if why == "explore"]
+    assert explored and set(explored) == {"ngram"}
+    gains["ngram"] = 4.0  # the text turned repetitive: n-gram lookup now pays
+    later = [ask(chooser, gains)[0] for _ in range(3 * EXPLORE_EVERY)]
+    assert later[-1] == "ngram"
+
+
+def test_one_drafter_is_always_the_one_asked():
+    chooser = MethodChooser(["ngram"])
+    assert {ask(chooser, {"ngram": 0.0})[0] for _ in range(20)} == {"ngram"}
+
+
+# -- through a real target with real n-gram and suffix drafter services, on the tiny model -----------------
+
+REPETITIVE_PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+METHODS = ("ngram", "suffix")
+
+
+@pytest.fixture
+async def drafters():
+    services = {m: create_drafter(m, address="127.0.0.1:0", metrics_address="127.0.0.1:0") for m in METHODS}
+    for service in services.values():
+        await service.start()
+    yield services
+    for service in services.values():
+        await service.stop(0)
+
+
+@pytest.fixture
+async def target(tiny_model_dir, drafters):
+    service = TargetService(TargetOptions(
+        model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None,
+        drafters={m: s.grpc_address for m, s in drafters.items()}, kv_cache_tokens=2048, default_max_tokens=32,
+        default_speculative=SpeculativeConfig(method="ngram", options={"prompt_lookup_min": 1})))
+    await service.start()
+    yield service
+    await service.stop(0)
+
+
+async def _generate(target, method: str) -> tuple[list[int], common_pb2.Usage]:
+    async with grpc.aio.insecure_channel(target.grpc_address) as channel:
+        request = target_pb2.TargetGenerateRequest(prompt_token_ids=REPETITIVE_PROMPT,
+                                                   sampling=common_pb2.SamplingParams(max_tokens=32),
+                                                   speculative=common_pb2.SpeculativeConfig(method=method))
+        chunks = [c async for c in target_pb2_grpc.TargetStub(channel).Generate(request)]
+    return [t for c in chunks for t in c.token_ids], chunks[-1].usage
+
+
+async def test_auto_is_served_beside_the_drafters_and_its_greedy_output_is_nones(target):
+    async with grpc.aio.insecure_channel(target.grpc_address) as channel:
+        info = await target_pb2_grpc.TargetStub(channel).GetModelInfo(target_pb2.ModelInfoRequest())
+    assert "auto" in info.methods
+    plain, _ = await _generate(target, "none")
+    auto, usage = await _generate(target, "auto")
+    assert auto == plain and usage.draft_tokens > 0
+
+
+async def test_auto_tries_every_drafter_and_each_forgets_the_sequence_when_it_ends(target, drafters):
+    await _generate(target, "auto")
+    registry = target.metrics.registry
+    for method in METHODS:
+        assert registry.get_sample_value("specd_auto_method_choices_total",
+                                         {"method": method, "reason": "trial"}) == TRIALS
+
+    def held() -> list[float]:  # each drafter's own /metrics
+        return [_gauge(urllib.request.urlopen(f"http://127.0.0.1:{s.metrics_port}/metrics").read().decode(),
+                       "specd_drafter_sequences") for s in drafters.values()]
+
+    for _ in range(100):  # releases go out after the response
+        if held() == [0, 0]:
+            break
+        await asyncio.sleep(0.05)
+    assert held() == [0, 0]
+
+
+def _gauge(exposition: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in exposition.splitlines() if line.startswith(name + " "))
