@@ -52,7 +52,7 @@ def transformers_greedy():
     return outputs
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "trie"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "trie", "auto"])
 @pytest.mark.parametrize("prompt", CHAT_PROMPTS)
 async def test_greedy_speculation_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt, method):
     address = stack.address("gateway")
