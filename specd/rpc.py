@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import time
 from typing import Callable
@@ -43,12 +44,28 @@ SERVER_OPTIONS = [*_MESSAGE_SIZE_OPTIONS,
                   ("grpc.so_reuseport", 0),
                   # accept the clients' keepalive pings above (the default minimum is 5 minutes)
                   ("grpc.keepalive_permit_without_calls", 1),
-                  ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2)]
+                  ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+                  # Clients reconnect once a minute (calls in flight finish first), so they find replicas
+                  # added since: a balanced channel re-resolves a headless Service's name only then.
+                  ("grpc.max_connection_age_ms", 60_000)]
+# Calls go to each address the name resolves to in turn, skipping those whose grpc.health.v1 status
+# is not SERVING (a replica shutting down, or one that cannot serve): only when none serves do calls
+# fail UNAVAILABLE.
+BALANCED_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}],
+                                      "healthCheckConfig": {"serviceName": ""}})
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
     """A channel to another specd service, with keepalive and the message size bounds."""
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def balanced_channel(address: str) -> grpc.aio.Channel:
+    """A channel to replicas any of which can answer any call, at every address `address` resolves to
+    (a headless Service's `dns:///target:50052`, or `ipv4:127.0.0.1:50052,127.0.0.1:50053`): calls are
+    spread round-robin over those that are serving."""
+    return grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS,
+                                                       ("grpc.service_config", BALANCED_SERVICE_CONFIG)])
 
 
 _STATUS_OF = ((InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

@@ -1,10 +1,12 @@
 """The gRPC edge every service shares, on a real server on loopback with servicers defined here."""
+import asyncio
+
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
 from specd.errors import InvalidArgument
-from specd.rpc import RpcMetrics, insecure_channel, invalid_utf8_field, rpc_handler
+from specd.rpc import RpcMetrics, balanced_channel, insecure_channel, invalid_utf8_field, rpc_handler
 from specd.serving import Service, ServiceSpec
 from specd.v1 import drafter_pb2, drafter_pb2_grpc, generation_pb2, generation_pb2_grpc
 
@@ -115,3 +117,63 @@ async def test_a_message_that_is_not_utf8_in_a_request_stream_ends_it_as_invalid
 ])
 def test_the_first_string_that_is_not_utf8_is_found_by_its_path(raw, field):
     assert invalid_utf8_field(generation_pb2.GenerateRequest.DESCRIPTOR, raw) == field
+
+
+class Named(generation_pb2_grpc.GenerationServicer):
+    """Answers with the name of the replica that took the call."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.rpc_metrics = RpcMetrics(CollectorRegistry())
+
+    @rpc_handler
+    async def Generate(self, request, context):
+        yield generation_pb2.GenerateResponse(text=self.name)
+
+
+@pytest.fixture
+async def replicas():
+    replicas = [Service(name, [ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server, Named(name),
+                                           "specd.v1.Generation")], "127.0.0.1:0", None, CollectorRegistry())
+                for name in ("a", "b")]
+    for replica in replicas:
+        await replica.start()
+    yield replicas
+    for replica in replicas:
+        await replica.stop(grace=0)
+
+
+async def answering_replicas(channel, calls: int) -> list[str]:
+    stub = generation_pb2_grpc.GenerationStub(channel)
+    return [response.text for _ in range(calls)
+            async for response in stub.Generate(generation_pb2.GenerateRequest(), timeout=5)]
+
+
+async def both_connected(channel) -> None:
+    """Until a replica has connected, calls go to those that have."""
+    for _ in range(50):
+        if set(await answering_replicas(channel, 2)) == {"a", "b"}:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("a replica never answered")
+
+
+async def test_a_balanced_channel_spreads_calls_over_every_address_it_resolves_to(replicas):
+    address = "ipv4:" + ",".join(f"127.0.0.1:{replica.port}" for replica in replicas)
+    async with balanced_channel(address) as channel:
+        await both_connected(channel)
+        assert sorted(await answering_replicas(channel, 4)) == ["a", "a", "b", "b"]
+
+
+async def test_a_balanced_channel_skips_a_replica_that_is_not_serving(replicas):
+    address = "ipv4:" + ",".join(f"127.0.0.1:{replica.port}" for replica in replicas)
+    async with balanced_channel(address) as channel:
+        await both_connected(channel)
+        await replicas[0].set_serving(False)
+        await asyncio.sleep(0.2)  # the health status travels on a stream of its own
+        assert await answering_replicas(channel, 4) == ["b"] * 4
+        await replicas[1].set_serving(False)
+        await asyncio.sleep(0.2)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await answering_replicas(channel, 1)
+        assert error.value.code() == grpc.StatusCode.UNAVAILABLE
