@@ -12,8 +12,8 @@ from pathlib import Path
 
 from specd_cli.bench.errors import BenchError
 
-# The repository is cloned with `shared/` beside it (CI and users alike).
-DEFAULT_SPEC_BENCH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+# Shipped inside the package (package data, so a wheel has it too), with its license: see its README.md.
+DEFAULT_SPEC_BENCH = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"
 
 
 @dataclass(frozen=True)

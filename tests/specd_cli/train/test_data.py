@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
 from specd_cli.train.data import TrainingDataError, conversations
 
 SHAREGPT_ITEMS = [
@@ -45,3 +46,8 @@ def test_the_evaluation_set_is_refused(tmp_path):
     path.write_text(json.dumps({"turns": ["x"]}) + "\n")
     with pytest.raises(TrainingDataError, match="evaluation set"):
         list(conversations(path))
+
+
+def test_the_spec_bench_questions_shipped_for_specd_bench_are_refused():
+    with pytest.raises(TrainingDataError, match="evaluation set"):
+        next(conversations(DEFAULT_SPEC_BENCH))
