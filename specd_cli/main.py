@@ -254,7 +254,10 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of requests that do not set it (default 256)")
     target.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    gateway.add_argument("--target", default=defaults.TARGET_ADDRESS, help="target service address")
+    gateway.add_argument("--target", default=defaults.TARGET_ADDRESS,
+                         help="target service address; one that resolves to several replicas (a headless Service's "
+                              "dns:///target:50052, or ipv4:HOST:PORT,HOST:PORT) is balanced round-robin over "
+                              f"those serving (default {defaults.TARGET_ADDRESS})")
     gateway.add_argument("--upstream-timeout", type=float, default=defaults.UPSTREAM_TIMEOUT_S, metavar="SECONDS",
                          help="the longest one request may run, unless the client's deadline is sooner "
                               f"(default {defaults.UPSTREAM_TIMEOUT_S:g})")
