@@ -23,6 +23,7 @@ CHAT_PROMPTS = [
     "Write a Python function that returns the squares of the numbers 1 to 5.",
 ]
 MAX_TOKENS = 40
+REPEATING_PROMPT = "Write the line 'one apple, two pears, three plums' five times, one per line."
 
 
 def _speculative(method):
@@ -187,14 +188,14 @@ async def test_logprobs_over_http_are_the_same_whichever_method_drafted_the_toke
     async with openai.AsyncOpenAI(base_url=stack.http_url, api_key="unused", max_retries=0) as client:
         model = (await client.models.list()).data[0].id
 
-        async def complete(method):
+        async def complete(method):  # a text that repeats itself: whenever the gate asks, n-gram drafts land
             return await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": CHAT_PROMPTS[0]}], temperature=0,
-                max_tokens=MAX_TOKENS, logprobs=True, top_logprobs=2,
+                model=model, messages=[{"role": "user", "content": REPEATING_PROMPT}], temperature=0,
+                max_tokens=2 * MAX_TOKENS, logprobs=True, top_logprobs=2,
                 extra_body={"speculative_config": {"method": method}})
 
         plain = (await complete("none")).choices[0].logprobs.content
-        speculated = await _until_drafted(lambda: complete("ngram"))
+        speculated = await _until_drafted(lambda: complete("ngram"), tries=6)
     assert speculated.usage.model_extra["accepted_draft_tokens"] > 0
     drafted = speculated.choices[0].logprobs.content
     assert [e.token for e in drafted] == [e.token for e in plain]
