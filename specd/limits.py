@@ -2,6 +2,7 @@
 unbounded work or hold unbounded memory. A request over a bound gets INVALID_ARGUMENT naming it."""
 
 # Public API (gateway) and target.
+MAX_HTTP_BODY_BYTES = 16 * 1024 * 1024  # the HTTP API's request bodies, as gRPC's message bound
 MAX_REQUEST_ID_CHARS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 1024

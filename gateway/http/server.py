@@ -8,6 +8,8 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.http.body_limit import BodySizeLimit
+
 
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handlers: the gateway's process handles SIGTERM for both APIs."""
@@ -36,7 +38,7 @@ class HttpServer:
         except OSError as error:
             raise RuntimeError(f"gateway HTTP: cannot listen on {self._address}: {error}") from error
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off",
+        config = uvicorn.Config(BodySizeLimit(self._app), log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=max(int(self._grace), 1))
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))

@@ -187,3 +187,21 @@ async def test_streamed_completion_logprobs_are_the_whole_ones_chunk_by_chunk(cl
     assert [t for lp in streamed if lp for t in lp.tokens] == whole.tokens
     assert [x for lp in streamed if lp for x in lp.token_logprobs] == pytest.approx(whole.token_logprobs)
     assert all(len(top) <= 2 for top in whole.top_logprobs)
+
+
+@pytest.mark.parametrize("length_header, status", [(f"Content-Length: {64 * 1024 * 1024}", 413),
+                                                   ("Transfer-Encoding: chunked", 411)])
+async def test_a_body_too_large_or_of_undeclared_length_is_refused_before_it_is_read(gateway, length_header,
+                                                                                     status):
+    # Raw HTTP: a client library will not declare a length it does not send.
+    port = gateway.http.url.rpartition(":")[2]
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(port))
+    writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"{length_header}\r\n\r\n{{".encode())
+    await writer.drain()
+    head, _, body = (await asyncio.wait_for(reader.read(65536), 10)).partition(b"\r\n\r\n")
+    writer.close()
+    assert head.split()[1] == str(status).encode()
+    assert json.loads(body)["error"]["message"].startswith("body: ")
+    async with httpx.AsyncClient() as http:  # and the server goes on
+        assert (await http.get(f"{gateway.http.url}/v1/models")).status_code == 200
