@@ -32,8 +32,7 @@ class GatewayService(Service):
 
     def __init__(self, tokenizer: Tokenizer, target_channel: grpc.aio.Channel, target_address: str,
                  model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, upstream_timeout_s: float,
-                 address: str, metrics_address: str | None, http_address: str | None = None,
-                 grace: float = defaults.SHUTDOWN_GRACE_S):
+                 address: str, metrics_address: str | None, http_address: str | None = None):
         self.metrics = GatewayMetrics()
         self._target_channel = target_channel
         self._target_health = UpstreamHealth(f"target at {target_address}", target_channel, self.set_serving)
@@ -43,7 +42,7 @@ class GatewayService(Service):
                            GenerationServicer(self.pipeline, self.metrics),
                            generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)
         super().__init__("gateway", [spec], address, metrics_address, self.metrics.registry)
-        self.http = HttpServer(build_app(self.pipeline, self.metrics), http_address, grace) if http_address else None
+        self.http = HttpServer(build_app(self.pipeline, self.metrics), http_address) if http_address else None
 
     async def start(self) -> None:
         await super().start()
@@ -56,9 +55,8 @@ class GatewayService(Service):
 
     async def stop(self, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
         await self._target_health.stop()
-        if self.http is not None:
-            await self.http.stop()
-        await super().stop(grace)
+        # Both APIs drain at once: in-flight streams get `grace` in all, not once per protocol.
+        await asyncio.gather(super().stop(grace), *([self.http.stop(grace)] if self.http is not None else []))
         self.pipeline.close()
         await self._target_channel.close()
 
@@ -67,8 +65,7 @@ async def create_service(model: str, target_address: str, address: str = default
                          metrics_address: str | None = defaults.GATEWAY_METRICS_ADDRESS,
                          default_speculative: SpeculativeConfig = SpeculativeConfig(),
                          upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
-                         http_address: str | None = None,
-                         grace: float = defaults.SHUTDOWN_GRACE_S) -> GatewayService:
+                         http_address: str | None = None) -> GatewayService:
     """A gateway for `model`'s tokenizer in front of the target at `target_address`, not yet started;
     with an HTTP API on `http_address` if one is given."""
     tokenizer = await asyncio.to_thread(Tokenizer.load, model)
@@ -82,7 +79,7 @@ async def create_service(model: str, target_address: str, address: str = default
         await channel.close()
         raise
     return GatewayService(tokenizer, channel, target_address, model_info, default_speculative, upstream_timeout_s,
-                          address, metrics_address, http_address, grace)
+                          address, metrics_address, http_address)
 
 
 async def serve(model: str, target_address: str, address: str = defaults.GATEWAY_ADDRESS,
@@ -92,7 +89,7 @@ async def serve(model: str, target_address: str, address: str = defaults.GATEWAY
                 http_address: str | None = defaults.GATEWAY_HTTP_ADDRESS,
                 grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
     service = await create_service(model, target_address, address, metrics_address, default_speculative,
-                                   upstream_timeout_s, http_address, grace)
+                                   upstream_timeout_s, http_address)
     await serve_until_signalled(service, grace)
 
 

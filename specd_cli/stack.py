@@ -132,20 +132,7 @@ class Stack:
             self.wait_healthy(service, deadline)
 
     def wait_healthy(self, service: str, deadline: float) -> None:
-        with grpc.insecure_channel(self.address(service)) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.processes[service].poll() is not None:
-                    raise RuntimeError(f"{service} exited with code {self.processes[service].returncode}")
-                try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
-                            health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{service} did not become healthy")
-                time.sleep(0.2)
+        wait_serving(service, self.address(service), self.processes[service], deadline)
 
     def kill(self, service: str) -> None:
         self.processes[service].kill()
@@ -183,6 +170,25 @@ class Stack:
                     del restart_due[service]
                     self.start(service)
         self.down()
+
+
+def wait_serving(name: str, address: str, process: subprocess.Popen, deadline: float) -> None:
+    """Until the service `process` runs at `address` reports SERVING; RuntimeError if it exits first,
+    TimeoutError past `deadline` (time.monotonic())."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {process.returncode}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not become healthy")
+            time.sleep(0.2)
 
 
 def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None,

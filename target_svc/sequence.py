@@ -55,9 +55,7 @@ class Sequence:
     unasked_steps: int = 0
     # The target's features of its tokens by position, kept when its drafter drafts from them (EAGLE).
     features: FeatureLog | None = None
-    # The drafter its latest ask went to: its method's, or under `method: auto` the one `chooser` picked.
-    drafting_method: str = ""
-    chooser: MethodChooser | None = None
+    chooser: MethodChooser | None = None  # under `method: auto`: which drafter to ask, step by step
 
     def __post_init__(self):
         # Prompt + output in one list that only grows: the decode step reads it every step.
@@ -65,6 +63,11 @@ class Sequence:
         self.usage.prompt_tokens = len(self.prompt)
         self.generator = torch.Generator()
         self.generator.manual_seed(self.sampling.seed if self.sampling.seed is not None else torch.seed())
+
+    @property
+    def drafting_method(self) -> str:
+        """The drafter its latest ask went to: its method's, or under `method: auto` the one chosen."""
+        return self.chooser.current if self.chooser is not None else self.speculative.method
 
     @property
     def num_output(self) -> int:

@@ -20,10 +20,9 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, address: str, grace: float):
+    def __init__(self, app: FastAPI, address: str):
         self._app = app
         self._address = address
-        self._grace = grace
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task | None = None
         self.port: int | None = None
@@ -38,8 +37,7 @@ class HttpServer:
         except OSError as error:
             raise RuntimeError(f"gateway HTTP: cannot listen on {self._address}: {error}") from error
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(BodySizeLimit(self._app), log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=max(int(self._grace), 1))
+        config = uvicorn.Config(BodySizeLimit(self._app), log_level="warning", access_log=False, lifespan="off")
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -53,8 +51,10 @@ class HttpServer:
         host = self._address.rpartition(":")[0] or "127.0.0.1"
         return f"http://{host}:{self.port}"
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float) -> None:
+        """Refuse new connections; in-flight streams get `grace` seconds."""
         if self._server is None:
             return
+        self._server.config.timeout_graceful_shutdown = grace  # what uvicorn's shutdown waits, read there
         self._server.should_exit = True
         await self._task

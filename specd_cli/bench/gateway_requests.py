@@ -82,18 +82,8 @@ class HttpGateway:
             async with self._http.stream("POST", "/chat/completions", json=body, timeout=timeout_s) as response:
                 if response.status_code != 200:
                     record.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:300]}"
-                async for line in response.aiter_lines() if record.error is None else _nothing():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[len("data: "):])
-                    if "error" in event:
-                        record.error = f"{event['error']['code']}: {event['error']['message']}"
-                        break
-                    usage = event.get("usage") or usage
-                    for choice in event["choices"]:
-                        _add_chunk(record, time.perf_counter() - start, choice.get("token_ids", []))
-                        text.append(choice["delta"].get("content") or "")
-                        finish = choice["finish_reason"] or finish
+                else:
+                    finish, usage = await _read_events(response, record, text, start)
         except httpx.HTTPError as err:
             record.error = f"{type(err).__name__}: {err}"
         record.e2e_s = time.perf_counter() - start
@@ -134,9 +124,24 @@ async def connected(protocol: str, address: str) -> AsyncIterator[Gateway]:
         yield GrpcGateway(client)
 
 
-async def _nothing():
-    return
-    yield
+async def _read_events(response, record: RequestRecord, text: list[str],
+                       start: float) -> tuple[str | None, dict | None]:
+    """A chat completion's server-sent events into `record` and `text`: its finish reason and usage (None
+    if none came); an error event is the record's error."""
+    finish, usage = None, None
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[len("data: "):])
+        if "error" in event:
+            record.error = f"{event['error']['code']}: {event['error']['message']}"
+            break
+        usage = event.get("usage") or usage
+        for choice in event["choices"]:
+            _add_chunk(record, time.perf_counter() - start, choice.get("token_ids", []))
+            text.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+    return finish, usage
 
 
 def _add_chunk(record: RequestRecord, seconds: float, token_ids) -> None:

@@ -28,9 +28,14 @@ class MethodChooser:
         self._asks = {method: 0 for method in methods}
         self._last_asked = {method: -1 for method in methods}
         self._total_asks = 0
+        self.current = self._methods[0]  # the latest choice
 
     def choose(self) -> tuple[str, str]:
         """The method to ask this step, and why: "trial", "explore" or "best"."""
+        self.current, why = self._choice()
+        return self.current, why
+
+    def _choice(self) -> tuple[str, str]:
         untried = [m for m in self._methods if self._asks[m] < TRIALS]
         if untried:
             return min(untried, key=lambda m: (self._asks[m], self._methods.index(m))), "trial"
@@ -45,6 +50,3 @@ class MethodChooser:
         self._asks[method] += 1
         self._last_asked[method] = self._total_asks
         self._total_asks += 1
-
-    def gains(self) -> dict[str, float]:
-        return dict(self._gain)

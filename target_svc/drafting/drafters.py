@@ -45,12 +45,10 @@ class Drafters:
     def choose_method(self, seq: Sequence) -> tuple[str, str]:
         """The drafter to ask for the sequence this step, and why ("method": its own)."""
         if seq.speculative.method != AUTO_METHOD:
-            seq.drafting_method = seq.speculative.method
-            return seq.drafting_method, "method"
+            return seq.speculative.method, "method"
         if seq.chooser is None:
             seq.chooser = MethodChooser(self.auto_methods)
-        seq.drafting_method, why = seq.chooser.choose()
-        return seq.drafting_method, why
+        return seq.chooser.choose()
 
     def wants_features(self, seq: Sequence) -> bool:
         """Whether the sequence's drafter drafts from the target's features."""

@@ -21,6 +21,7 @@ from specd.model_store import DEFAULT_MODEL
 from specd.ports import free_ports
 from specd.types import SamplingParams, SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
+from specd_cli.stack import wait_serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -42,18 +43,7 @@ class ServiceProcess:
         return cls(subprocess.Popen(command), f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics")
 
     def wait_serving(self, deadline: float) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert self.popen.poll() is None, f"{self.address} exited with code {self.popen.returncode}"
-                try:
-                    if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                            health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                assert time.monotonic() < deadline, f"{self.address} did not report SERVING"
-                time.sleep(0.2)
+        wait_serving(self.address, self.address, self.popen, deadline)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples called `name` whose labels include `labels`."""
