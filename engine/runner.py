@@ -26,10 +26,15 @@ class SequenceInput:
     # Attention structure: parents[i] is the index in token_ids of the token new token i follows
     # (-1: the cached prefix). None: a chain, each token following the one before it.
     parents: list[int] | None = None
+    # The indices in token_ids whose logits are wanted, where they are not the last ones (a verify step
+    # whose lookahead window wants only its top level's); None: the last num_logits.
+    logit_rows: list[int] | None = None
 
     def __post_init__(self):
         if self.positions is None:
             self.positions = list(range(self.start_position, self.start_position + len(self.token_ids)))
+        if self.logit_rows is None:
+            self.logit_rows = list(range(len(self.token_ids) - self.num_logits, len(self.token_ids)))
 
 
 class ModelRunner:
@@ -80,7 +85,7 @@ class ModelRunner:
 
         Reserves KV capacity for start_position+len(token_ids) per sequence (raises
         OutOfBlocks before touching anything if it cannot), writes the new K/V into
-        the cache and returns fp32 logits [sum(num_logits), vocab] in batch order,
+        the cache and returns fp32 logits [sum(len(logit_rows)), vocab] in batch order,
         whatever the engine's dtype.
         Committed lengths are the caller's: it calls allocator.truncate to roll back.
         """
@@ -125,9 +130,10 @@ class ModelRunner:
         if len({s.seq_id for s in batch}) != len(batch):
             raise ValueError("a sequence appears twice in one batch")
         for s in batch:
-            if not s.token_ids or not 0 <= s.num_logits <= len(s.token_ids) or s.start_position < 0:
-                raise ValueError(f"bad input for {s.seq_id!r}: {len(s.token_ids)} tokens, "
-                                 f"num_logits={s.num_logits}, start_position={s.start_position}")
+            if not s.token_ids or not 0 <= s.num_logits <= len(s.token_ids) or s.start_position < 0 \
+                    or not all(0 <= row < len(s.token_ids) for row in s.logit_rows):
+                raise ValueError(f"bad input for {s.seq_id!r}: {len(s.token_ids)} tokens, num_logits={s.num_logits}, "
+                                 f"logit_rows={s.logit_rows}, start_position={s.start_position}")
             if len(s.positions) != len(s.token_ids) or s.parents is not None and len(s.parents) != len(s.token_ids):
                 raise ValueError(f"{s.seq_id!r}: positions and parents need one entry per new token")
             if s.start_position + len(s.token_ids) > self.max_context_length or \
@@ -143,13 +149,13 @@ class ModelRunner:
             self.allocator.reserve(s.seq_id, _end(s))
 
     def _flatten(self, batch: list[SequenceInput]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Token ids, positions [T] and the rows [sum(num_logits)] whose logits are wanted."""
+        """Token ids, positions [T] and the rows [sum(len(logit_rows))] whose logits are wanted."""
         ids, positions, rows, first = [], [], [], 0
         for s in batch:
             n = len(s.token_ids)
             ids.extend(s.token_ids)
             positions.extend(s.positions)
-            rows.extend(range(first + n - s.num_logits, first + n))
+            rows.extend(first + row for row in s.logit_rows)
             first += n
         return tuple(torch.tensor(v, dtype=torch.int64, device=self.device) for v in (ids, positions, rows))
 

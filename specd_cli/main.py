@@ -20,7 +20,8 @@ from specd.v1 import common_pb2
 from specd_cli import top
 from specd_cli.bench import cli as bench_cli
 from specd_cli.train import cli as train_cli
-from specd_cli.stack import DRAFTER_METHODS
+from specd_cli.stack import DEFAULT_DRAFTERS, IN_TARGET_METHODS
+from target_svc.drafting.registry import IN_TARGET_SOURCES
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
     "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
@@ -30,11 +31,12 @@ DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
 
 
 def _drafter_methods(value: str) -> tuple[str, ...]:
-    """An argparse type: drafter methods, comma-separated, each one a drafter service serves."""
+    """An argparse type: drafter methods, comma-separated, each one a drafter service serves or the target runs."""
     methods = tuple(m.strip() for m in value.split(",") if m.strip())
-    unknown = [m for m in methods if m not in PROPOSERS]
+    known = [*PROPOSERS, *IN_TARGET_METHODS]
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        raise argparse.ArgumentTypeError(f"no drafter serves {', '.join(unknown)} (they serve {', '.join(PROPOSERS)})")
+        raise argparse.ArgumentTypeError(f"no drafter serves {', '.join(unknown)} (there are: {', '.join(known)})")
     return methods
 
 
@@ -74,8 +76,8 @@ _OPTION_TYPES = {"int": _INT32, "float": float, "bool": _bool, "string": str}
 def _declared_options() -> dict[str, tuple[Option, list[str]]]:
     """Every option the registered drafters declare, by name, with the methods that take it."""
     declared: dict[str, tuple[Option, list[str]]] = {}
-    for method, proposer in PROPOSERS.items():
-        for option in proposer.schema.options:
+    for method, source in [*PROPOSERS.items(), *IN_TARGET_SOURCES.items()]:
+        for option in source.schema.options:
             declared.setdefault(option.name, (option, []))[1].append(method)
     return declared
 
@@ -218,8 +220,9 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default=DEFAULT_MODEL,
                     help=f"model name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     up.add_argument("--threads", type=int, default=None, help="torch threads of the target (default: torch's)")
-    up.add_argument("--drafters", default=",".join(DRAFTER_METHODS), type=_drafter_methods,
-                    help=f"the drafter services to start, comma-separated (default {','.join(DRAFTER_METHODS)})")
+    up.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), type=_drafter_methods,
+                    help=f"the drafters to serve, comma-separated: a service each, lookahead inside the target "
+                         f"(default {','.join(DEFAULT_DRAFTERS)})")
     _add_engine_flags(up)
     _add_scheduler_flags(up)
     _add_draft_model_flags(up)

@@ -18,17 +18,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specd import defaults
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd.ports import free_ports
+from target_svc.drafting.registry import IN_TARGET_SOURCES
 
 # Seconds before restarting a service that exited, growing while it keeps exiting; one that has
 # run for STABLE_AFTER_S starts over at the first.
 RESTART_BACKOFF_S = (1, 2, 4, 8, 16, 30)
 STABLE_AFTER_S = 60.0
-# Every CPU drafter; `specd up` starts them all unless told which. The first is the default
-# deployment's `method` (gateway and target fall back to it): n-gram prompt lookup.
+# Every CPU drafter service. The first is the default deployment's `method` (gateway and target fall
+# back to it): n-gram prompt lookup.
 DRAFTER_METHODS = ("ngram", "suffix", "trie")
 # The drafters that run a model, started on request (`specd up --drafters ngram,eagle`).
 MODEL_DRAFTER_METHODS = ("draft_model", "eagle")
 ALL_DRAFTER_METHODS = (*DRAFTER_METHODS, *MODEL_DRAFTER_METHODS)
+# Drafting that runs inside the target (no service of its own): lookahead's window rides in its forward.
+IN_TARGET_METHODS = tuple(IN_TARGET_SOURCES)
+# What `specd up` serves unless told which: the CPU drafters and lookahead.
+DEFAULT_DRAFTERS = (*DRAFTER_METHODS, *IN_TARGET_METHODS)
 
 
 def drafter_service(method: str) -> str:
@@ -74,7 +79,7 @@ class Stack:
     that dies."""
     model: str = DEFAULT_MODEL
     ports: StackPorts = field(default_factory=StackPorts)
-    drafters: tuple[str, ...] = DRAFTER_METHODS
+    drafters: tuple[str, ...] = DEFAULT_DRAFTERS  # methods: a service each, or in the target (IN_TARGET_METHODS)
     host: str = "127.0.0.1"
     threads: int | None = None
     extra_target_args: list[str] = field(default_factory=list)
@@ -85,7 +90,7 @@ class Stack:
     @property
     def services(self) -> list[str]:
         """In start order: the drafters, the target, the gateway."""
-        return [*map(drafter_service, self.drafters), "target", "gateway"]
+        return [*(drafter_service(m) for m in self.drafters if m not in IN_TARGET_METHODS), "target", "gateway"]
 
     def services_of(self, role: str) -> list[str]:
         """The services that run `specd serve ROLE` (every drafter-METHOD for "drafter")."""
@@ -113,7 +118,8 @@ class Stack:
                 return [*base, "--method", method, "--model", self.model, *threads, *self.model_drafter_args]
             return [*base, "--method", method]
         if service == "target":
-            drafters = [arg for m in self.drafters for arg in ("--drafter", f"{m}={self.address(drafter_service(m))}")]
+            drafters = [arg for m in self.drafters for arg in
+                        ("--drafter", m if m in IN_TARGET_METHODS else f"{m}={self.address(drafter_service(m))}")]
             return [*base, "--model", self.model, *drafters, *threads, *self.extra_target_args]
         http = ["--http-listen", f"{self.host}:{self.ports.http}"] if self.ports.http is not None else ["--no-http"]
         return [*base, "--model", self.model, "--target", self.address("target"), *http]
@@ -192,7 +198,7 @@ def wait_serving(name: str, address: str, process: subprocess.Popen, deadline: f
 
 
 def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None,
-              drafters: tuple[str, ...] = DRAFTER_METHODS, model_drafter_args: list[str] | None = None,
+              drafters: tuple[str, ...] = DEFAULT_DRAFTERS, model_drafter_args: list[str] | None = None,
               http: bool = True) -> int:
     stack = Stack(model=model, threads=threads, extra_target_args=target_args or [], drafters=drafters,
                   model_drafter_args=model_drafter_args or [])

@@ -36,6 +36,11 @@ class TargetMetrics:
             "Drafter asks for `method: auto` sequences, by the drafter chosen and why: trial (each is tried in "
             "turn first), best (what has gained the sequence most), explore (the one asked longest ago)",
             ["method", "reason"], registry=r)
+        self.window_tokens = Counter(
+            "specd_window_tokens",
+            "Tokens of in-target windows (lookahead's Jacobi guesses) that rode in the steps' forwards, by "
+            "whether the cost model ran the window: ran, or skipped (it would not have paid at that load)",
+            ["outcome"], registry=r)
         self.prefill_chunks = Counter(
             "specd_prefill_chunks",
             "Prompt pieces prefilled in a step without completing the prompt (chunked prefill: "

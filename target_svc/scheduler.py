@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 import torch
 
 from specd import defaults
-from specd.drafts import DraftTree
+from specd.drafts import ROOT, DraftTree
 from specd.errors import InternalError, ResourceExhausted
 from specd.types import FINISH_REASON_NAMES
+from target_svc.drafting.base import Window
 from target_svc.drafting.drafters import Drafters
 from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.drafting.gate import DraftingGate
-from target_svc.drafting.length import choose_drafts
+from target_svc.drafting.length import DRAFT_MARGIN, MIN_SECONDS, choose_drafts
 from target_svc.metrics import TargetMetrics
 from engine.features import FeatureLog
 from engine.runner import ModelRunner, SequenceInput
@@ -74,12 +75,16 @@ class _PrefillBudget:
 
 @dataclass
 class Scheduled:
-    """One sequence's share of a step: a decode (its newest token plus its draft tree) or `num_new`
-    tokens of the prefill (a prompt, or the tokens of a preempted sequence)."""
+    """One sequence's share of a step: a decode (its newest token plus its draft tree, and the window of
+    an in-target source whose guesses ride in the forward) or `num_new` tokens of the prefill (a prompt,
+    or the tokens of a preempted sequence)."""
     seq: Sequence
     draft: DraftTree = field(default_factory=DraftTree)  # as the drafter estimated it, cut to what is verified
     num_new: int = 1
-    draft_price: float = 0.0  # the decode tokens verifying the draft costs the batch (the step's time it adds)
+    draft_price: float = 0.0  # the decode tokens verifying the draft (and running the window) costs the batch
+    window: Window | None = None
+    window_seconds: float = 0.0  # what the window adds to the step, by the cost model
+    guesses: list[int] = field(default_factory=list)  # the target's argmax at the window's guess nodes
 
     @property
     def is_decode(self) -> bool:
@@ -88,7 +93,9 @@ class Scheduled:
     @property
     def end(self) -> int:
         """Tokens the cache holds for the sequence once this step's are written."""
-        return self.seq.num_computed + (1 + len(self.draft) if self.is_decode else self.num_new)
+        if not self.is_decode:
+            return self.seq.num_computed + self.num_new
+        return self.seq.num_computed + 1 + len(self.draft) + len(self.window or ())
 
     @property
     def wants_logits(self) -> bool:
@@ -97,18 +104,25 @@ class Scheduled:
         return self.is_decode or (seq.num_output == 0 and self.end == seq.prefill_target)
 
     def input(self) -> SequenceInput:
-        seq, draft = self.seq, self.draft
+        seq, draft, window = self.seq, self.draft, self.window
         if not self.is_decode:
             return SequenceInput(seq.request_id, seq.tokens[seq.num_computed:self.end], seq.num_computed,
                                  int(self.wants_logits))
         tokens = [seq.tokens[-1], *draft.token_ids]
-        if draft.is_chain:
+        if draft.is_chain and window is None:
             return SequenceInput(seq.request_id, tokens, seq.num_computed, len(tokens))
         # A tree: each node at its depth past the newest token, seeing only its ancestors (index + 1: the
-        # newest token is row 0).
-        return SequenceInput(seq.request_id, tokens, seq.num_computed, len(tokens),
-                             positions=[seq.num_computed + depth for depth in (0, *draft.depths())],
-                             parents=[-1, *(parent + 1 for parent in draft.parents)])
+        # newest token is row 0); a window's nodes after the draft's, only its guess nodes with logits.
+        depths, parents, rows = [0, *draft.depths()], [-1, *(parent + 1 for parent in draft.parents)], []
+        if window is not None:
+            offset = len(tokens)
+            tokens += window.token_ids
+            depths += window.depths()
+            parents += [0 if parent == ROOT else parent + offset for parent in window.parents]
+            rows = [offset + node for node in window.guess_nodes]
+        rows = [*range(1 + len(draft)), *rows]
+        return SequenceInput(seq.request_id, tokens, seq.num_computed, len(rows),
+                             positions=[seq.num_computed + depth for depth in depths], parents=parents, logit_rows=rows)
 
     def verify_input(self) -> VerifyInput:
         draft = self.draft
@@ -190,15 +204,19 @@ class Scheduler:
             drafts, round_trips = await self._drafters.propose([pair for group in asking.values() for pair in group])
             round_trip = time.perf_counter() - asked
         self._round_trip = _moved(self._round_trip, round_trip)
-        plan = self._plan(decodes, drafts)
+        asked_ids = {seq.request_id for group in asking.values() for seq, _ in group}
+        plan = self._plan(decodes, drafts, asked_ids)
         if not plan:
             return
         outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
         for method, group in asking.items():  # each asked sequence that verified, with what its draft gained the batch
-            asked_ids = {s.request_id for s, _ in group}
-            gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in zip(plan, outcomes)
-                     if item.seq.request_id in asked_ids and isinstance(outcome, VerifyResult)]
+            method_ids = {s.request_id for s, _ in group}
+            verified = [(item, outcome) for item, outcome in zip(plan, outcomes)
+                        if item.seq.request_id in method_ids and isinstance(outcome, VerifyResult)]
+            gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in verified]
             self._gate(method).asked(round_trips.get(method, round_trip), gains)
+            for item, outcome in verified:
+                self._drafters.observe(item.seq, item.guesses, outcome.path)
             for seq, gain in gains:
                 if seq.chooser is not None:
                     seq.chooser.observe(method, gain)
@@ -244,13 +262,15 @@ class Scheduler:
 
     # -- planning a step ------------------------------------------------------
 
-    def _plan(self, decodes: list[Sequence], drafts: dict[str, DraftTree]) -> list[Scheduled]:
-        """The step's work within the token budget and the free KV blocks: every decode (drafts trimmed
-        to the budget, dropped and then the newest sequences preempted where memory is short), then
-        prompt chunks of the running sequences, then newly admitted ones, in order; then the drafts cut
-        to what raises the step's goodput by the cost model."""
-        decoding = self._fit_decodes([Scheduled(s, d) if (d := drafts.get(s.request_id)) else Scheduled(s)
-                                      for s in decodes])
+    def _plan(self, decodes: list[Sequence], drafts: dict[str, DraftTree], asked: set[str]) -> list[Scheduled]:
+        """The step's work within the token budget and the free KV blocks: every decode (with the windows
+        that pay at this load; drafts and windows trimmed to the budget, dropped and then the newest sequences
+        preempted where memory is short), then prompt chunks of the running sequences, then newly admitted
+        ones, in order; then the drafts cut to what raises the step's goodput by the cost model."""
+        decoding = [Scheduled(s, d) if (d := drafts.get(s.request_id)) else Scheduled(s) for s in decodes]
+        self._add_windows(decoding, asked)
+        decoding = self._fit_decodes(decoding)
+        self._metrics.window_tokens.labels("ran").inc(sum(len(item.window or ()) for item in decoding))
         prefilling = self._plan_prefills(decoding)
         self._choose_drafts(decoding, prefilling)
         self._metrics.prefill_chunks.inc(sum(item.end < item.seq.prefill_target for item in prefilling))
@@ -260,7 +280,7 @@ class Scheduler:
         in_prefill = [s for s in self._running if s.in_prefill]
         room = max(self._max_num_seqs - len(self._running), 0)
         joining = in_prefill + list(itertools.islice(self._waiting, room))  # the prompts this batch takes in
-        budget = _PrefillBudget(self._max_step_tokens - sum(1 + len(item.draft) for item in decoding),
+        budget = _PrefillBudget(self._max_step_tokens - sum(item.end - item.seq.num_computed for item in decoding),
                                 self._prefill_seconds(decoding, joining))
         free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
         prefilling: list[Scheduled] = []
@@ -280,6 +300,22 @@ class Scheduler:
             free -= self._new_blocks(item)
         return prefilling
 
+    def _add_windows(self, decoding: list[Scheduled], asked: set[str]) -> None:
+        """Each asked sequence's window, if its drafter has one and what the window is expected to bring
+        pays for its tokens (with DRAFT_MARGIN to spare, as a draft token must) at this step's load."""
+        plain_seconds = self._cost.predict(StepShape.of([(item.seq.num_computed, 1) for item in decoding]))
+        decoded_per_second = len(decoding) / max(plain_seconds, MIN_SECONDS)
+        for item in decoding:
+            seq = item.seq
+            window = self._drafters.window(seq) if seq.request_id in asked else None
+            if window is None or item.end + len(window) > self._runner.max_context_length:
+                continue
+            seconds = sum(self._cost.token_seconds(seq.num_computed + depth) for depth in window.depths())
+            if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second:
+                item.window, item.window_seconds = window, seconds
+            else:
+                self._metrics.window_tokens.labels("skipped").inc(len(window))
+
     def _prefill_seconds(self, decoding: list[Scheduled], joining: list[Sequence]) -> float:
         """Seconds of prompt work a step may carry beside its decodes: STEP_STRETCH - 1 times the decoding
         part of the batch once the joining prompts are in it, or, if more, PREFILL_PACE times the prompt
@@ -298,7 +334,7 @@ class Scheduler:
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs, and
         how far each drafter's estimates have come true."""
-        base = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
+        base = StepShape.of([(item.seq.num_computed, 1 + len(item.window or ())) for item in decoding]
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
         choice = choose_drafts([self._calibration.corrected(item.seq.drafting_method, item.draft)
                                 for item in decoding],
@@ -306,23 +342,28 @@ class Scheduler:
         decoded_per_second = len(decoding) / choice.base_seconds if choice.base_seconds > 0 else 0.0
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
             item.draft = item.draft.truncated(length)
-            item.draft_price = added * decoded_per_second
+            item.draft_price = (added + (item.window_seconds if item.window else 0.0)) * decoded_per_second
         self._draft_seconds = _moved(self._draft_seconds, choice.draft_seconds)
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
         self._metrics.predicted_step_seconds.inc(choice.seconds)
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
-        """Drafts trimmed to the token budget (every decode keeps its one token); where the free blocks
-        cannot hold the step, the drafts go, then the newest running sequences, until it fits."""
+        """Drafts, then windows, trimmed to the token budget (every decode keeps its one token); where the
+        free blocks cannot hold the step, the drafts and windows go, then the newest running sequences, until
+        it fits."""
         spare = self._max_step_tokens - len(decoding)
         for item in decoding:
             item.draft = item.draft.truncated(max(spare, 0))
             spare -= len(item.draft)
+        for item in decoding:
+            if item.window is not None and len(item.window) > spare:
+                item.window = None
+            spare -= len(item.window or ())
         while sum(self._new_blocks(item) for item in decoding) > self._runner.allocator.num_free_blocks:
-            if any(item.draft for item in decoding):
+            if any(item.draft or item.window for item in decoding):
                 for item in decoding:
-                    item.draft = DraftTree()
+                    item.draft, item.window = DraftTree(), None
                 continue
             victim = self._running[-1]
             self._preempt(victim)
@@ -378,6 +419,8 @@ class Scheduler:
         else:
             logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
+        if any(item.window for item in verified):
+            logits = _take_guesses(verified, logits)
         results = verify(logits, [item.verify_input() for item in verified]) if verified else []
         for item, result in zip(verified, results):  # an accepted tree path not in place moves into place
             if not item.draft.is_chain:
@@ -502,6 +545,22 @@ class Scheduler:
 
     async def close(self) -> None:
         self._compute_thread.shutdown(wait=True)
+
+
+def _take_guesses(verified: list[Scheduled], logits: torch.Tensor) -> torch.Tensor:
+    """Each window's argmax at its guess nodes, onto its item; what is left are the rows to verify."""
+    verify_rows, guess_rows, at = [], [], 0
+    for item in verified:
+        verify_rows.extend(range(at, at + 1 + len(item.draft)))
+        at += 1 + len(item.draft)
+        if item.window:
+            guess_rows.extend(range(at, at + len(item.window.guess_nodes)))
+            at += len(item.window.guess_nodes)
+    guesses = iter(logits[guess_rows].max(dim=-1).indices.tolist())
+    for item in verified:
+        if item.window:
+            item.guesses = [next(guesses) for _ in item.window.guess_nodes]
+    return logits[verify_rows]
 
 
 def _moved(mean: float, value: float) -> float:

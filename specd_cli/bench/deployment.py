@@ -12,7 +12,7 @@ import grpc
 
 from specd.v1 import target_pb2, target_pb2_grpc
 from specd_cli.bench.errors import BenchError
-from specd_cli.stack import DRAFTER_METHODS, MODEL_DRAFTER_METHODS, Stack, StackPorts
+from specd_cli.stack import DEFAULT_DRAFTERS, MODEL_DRAFTER_METHODS, Stack, StackPorts
 
 
 @dataclass
@@ -36,8 +36,8 @@ class _LoggedStack(Stack):
 def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path,
                methods: list[str] | None = None, draft_layers: int | None = None,
                protocol: str = "grpc") -> Iterator[Deployment]:
-    """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter,
-    and the model drafters among `methods` (in the target's dtype; draft_model on the target's first
+    """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter
+    and lookahead, and the model drafters among `methods` (in the target's dtype; draft_model on the target's first
     `draft_layers` layers when given). `protocol`: which of the gateway's APIs the bench speaks."""
     if gateway:
         yield Deployment(gateway, target)
@@ -45,7 +45,7 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
     log_dir.mkdir(parents=True, exist_ok=True)
     model_drafters = tuple(m for m in MODEL_DRAFTER_METHODS if m in (methods or ()))
     stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, extra_target_args=["--dtype", dtype],
-                         drafters=(*DRAFTER_METHODS, *model_drafters),
+                         drafters=(*DEFAULT_DRAFTERS, *model_drafters),
                          model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
                                                                  if draft_layers else [])],
                          log_dir=log_dir)

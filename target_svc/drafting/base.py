@@ -5,7 +5,8 @@ answers with fewer drafts (or none), never with an error: drafts are an optimisa
 """
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
@@ -30,3 +31,34 @@ class DraftSource(Protocol):
 
     async def close(self) -> None:
         """Free connections and tasks."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """Guesses that ride in the target's own forward beside a sequence's draft, for an in-target source
+    to learn from (lookahead's Jacobi window): a token tree like a draft's (parents before children, -1:
+    the sequence's newest token), whose K/V are dropped after the step, and the nodes whose argmax the
+    source wants back. `expected_yield`: the draft tokens a step with the window is expected to bring
+    the sequence; the target runs the window only where that pays for its tokens."""
+    token_ids: tuple[int, ...]
+    parents: tuple[int, ...]
+    guess_nodes: tuple[int, ...]
+    expected_yield: float
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def depths(self) -> list[int]:
+        return DraftTree(self.token_ids, self.parents, (1.0,) * len(self)).depths()
+
+
+@runtime_checkable
+class WindowSource(DraftSource, Protocol):
+    """A source whose guesses ride in the target's forward and learn from its argmax there."""
+
+    def window(self, sequence: Sequence) -> Window | None:
+        """The window to run beside the sequence's draft this step, if any."""
+
+    def observe(self, sequence: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
+        """The step ran: the target's argmax at each of the window's guess nodes (none if the window did
+        not run), and the draft nodes it accepted."""

@@ -8,7 +8,7 @@ from specd.drafts import DraftTree
 from specd.options import OptionSchema
 from specd.types import NONE_SCHEMA
 from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser
-from target_svc.drafting.base import DraftSource
+from target_svc.drafting.base import DraftSource, Window, WindowSource
 from target_svc.sequence import Sequence
 
 
@@ -73,6 +73,17 @@ class Drafters:
         started = time.perf_counter()
         reply = await self._sources[method].propose(group)
         return method, reply, time.perf_counter() - started
+
+    def window(self, seq: Sequence) -> Window | None:
+        """The guesses the sequence's drafter would have ride in this step's forward, if it is such a source."""
+        source = self._sources.get(seq.drafting_method)
+        return source.window(seq) if isinstance(source, WindowSource) else None
+
+    def observe(self, seq: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
+        """An asked sequence verified: its drafter, if its guesses ride in the forward, learns from the step."""
+        source = self._sources.get(seq.drafting_method)
+        if isinstance(source, WindowSource):
+            source.observe(seq, guesses, accepted_nodes)
 
     def release(self, seq: Sequence) -> None:
         """Every source that may hold the sequence forgets it (under auto, any of them)."""
