@@ -71,6 +71,34 @@ class DraftTree:
             return self
         return DraftTree(self.token_ids[:num_tokens], self.parents[:num_tokens], self.probs[:num_tokens], self.score)
 
+    @classmethod
+    def merge(cls, trees: list[DraftTree], max_nodes: int) -> tuple[DraftTree, list[dict[int, int]]]:
+        """One tree of the trees' paths, a path several share once, best first and at most max_nodes; and
+        for each input tree, its nodes' indices in the merged one (kept nodes only). A shared node takes the
+        highest estimate any tree gives it; where siblings' estimates add up past 1 (trees sure of different
+        continuations), they are scaled to sum to 1, since at most one of them can be accepted."""
+        paths: dict[tuple[int, ...], float] = {}  # path of tokens -> estimate, parents first
+        tree_paths: list[list[tuple[int, ...]]] = []
+        for tree in trees:
+            mine: list[tuple[int, ...]] = []
+            for token, parent, prob in zip(tree.token_ids, tree.parents, tree.probs):
+                path = (*(mine[parent] if parent != ROOT else ()), token)
+                paths[path] = max(paths.get(path, 0.0), prob)
+                mine.append(path)
+            tree_paths.append(mine)
+        siblings: dict[tuple[int, ...], float] = {}
+        for path, prob in paths.items():
+            siblings[path[:-1]] = siblings.get(path[:-1], 0.0) + prob
+        probs = {path: prob / max(1.0, siblings[path[:-1]]) for path, prob in paths.items()}
+        reach = {(): 1.0}
+        for path, prob in probs.items():
+            reach[path] = reach[path[:-1]] * prob
+        order = sorted(probs, key=lambda path: (-reach[path], len(path)))[:max_nodes]  # a parent reaches as far
+        index = {path: i for i, path in enumerate(order)}
+        merged = cls(tuple(path[-1] for path in order), tuple(index.get(path[:-1], ROOT) for path in order),
+                     tuple(probs[path] for path in order))
+        return merged, [{i: index[path] for i, path in enumerate(mine) if path in index} for mine in tree_paths]
+
     def validate(self, field_prefix: str) -> None:
         if not len(self.parents) == len(self.probs) == len(self.token_ids):
             raise InvalidArgument(f"{field_prefix}.parent_ids",

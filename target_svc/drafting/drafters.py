@@ -1,4 +1,5 @@
-"""Every draft source of the deployment, by method: one step asks them all concurrently."""
+"""Every draft source of the deployment, by method: one step asks them all concurrently. Where there are
+several that draft from tokens alone, `fused` asks them together and merges their drafts."""
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +10,7 @@ from specd.options import OptionSchema
 from specd.types import NONE_SCHEMA
 from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser
 from target_svc.drafting.base import DraftSource, Window, WindowSource
+from target_svc.drafting.fused import FUSED_METHOD, FusedSource
 from target_svc.sequence import Sequence
 
 
@@ -18,7 +20,12 @@ class Drafters:
         self._vocab_size = vocab_size
 
     async def start(self) -> None:
+        """Every source ready; then `fused` over those that draft from tokens alone (a remote source's
+        schema, which says whether it drafts from the target's features, is known once it started)."""
         await asyncio.gather(*(source.start() for source in self._sources.values()))
+        from_tokens = [source for source in self._sources.values() if not source.schema.wants_features]
+        if len(from_tokens) > 1:
+            self._sources[FUSED_METHOD] = FusedSource(from_tokens)
 
     @property
     def methods(self) -> list[str]:
@@ -86,8 +93,11 @@ class Drafters:
             source.observe(seq, guesses, accepted_nodes)
 
     def release(self, seq: Sequence) -> None:
-        """Every source that may hold the sequence forgets it (under auto, any of them)."""
-        methods = self.auto_methods if seq.speculative.method == AUTO_METHOD else [seq.speculative.method]
+        """Every source that may hold the sequence forgets it (under auto, any of them: `fused` releases
+        its members)."""
+        methods = [seq.speculative.method]
+        if seq.speculative.method == AUTO_METHOD:
+            methods = [FUSED_METHOD] if FUSED_METHOD in self._sources else self.auto_methods
         for method in methods:
             if (source := self._sources.get(method)) is not None:
                 source.release(seq)

@@ -70,7 +70,7 @@ class _Lookahead:
     guess_set_size: int
     levels: list[list[int]]  # levels[l][j]: the guess at level l, column j
     # first token -> the (level - 1)-token continuations seen after it, oldest first, each marked True
-    # if the window found it
+    # if the window guessed it (and not the text)
     pool: dict[int, OrderedDict[tuple[int, ...], bool]] = field(default_factory=dict)
     indexed: int = 0  # the sequence's tokens whose n-grams are in the pool
     last_draft_from_window: tuple[bool, ...] = ()  # per node of the latest draft
@@ -79,9 +79,10 @@ class _Lookahead:
     def remember(self, ngram: tuple[int, ...], from_window: bool) -> None:
         continuations = self.pool.setdefault(ngram[0], OrderedDict())
         rest = ngram[1:]
-        continuations[rest] = continuations.pop(rest, False) or from_window
-        if len(continuations) > self.guess_set_size:
-            continuations.popitem(last=False)
+        continuations[rest] = continuations.pop(rest, True) and from_window  # a guess until the text has it
+        if len(continuations) > self.guess_set_size:  # the oldest guess goes first: the text's n-grams happened
+            guesses = [key for key, guessed in continuations.items() if guessed]
+            del continuations[guesses[0] if guesses else next(iter(continuations))]
 
     def index_text(self, tokens: list[int]) -> None:
         """The n-grams of the sequence's committed tokens not yet in the pool."""
@@ -101,7 +102,8 @@ class _Lookahead:
                 node[3] = node[3] or from_window
         reach = {(): 1.0}
         for path, (_, parent, count, _) in nodes.items():  # parents come first: paths were added shortest first
-            reach[path] = reach[parent] * ACCEPTANCE_ESTIMATE * count / (nodes[parent][2] if parent else len(candidates))
+            share = count / (nodes[parent][2] if parent else len(candidates))
+            reach[path] = reach[parent] * ACCEPTANCE_ESTIMATE * share
         order = sorted(nodes, key=lambda path: (-reach[path], len(path)))[:k]  # a parent reaches at least as far
         index = {path: i for i, path in enumerate(order)}
         tree = DraftTree(tuple(nodes[p][0] for p in order),

@@ -3,7 +3,7 @@ import urllib.request
 
 import pytest
 
-from specd_cli.stack import DRAFTER_METHODS, Stack, StackPorts
+from specd_cli.stack import DEFAULT_DRAFTERS, Stack, StackPorts
 
 
 def _running(stack: Stack):
@@ -38,11 +38,11 @@ def stack():
 def bf16_stack():
     """In bf16, where the engine's logits are batch invariant: a sequence's output does not depend on
     what shares its steps, how its prompt was split, or whether it was preempted and recomputed. With
-    every CPU drafter, the shipped EAGLE head, and a draft_model drafter: the target's own first 8 layers
+    every CPU drafter and lookahead, the shipped EAGLE head, and a draft_model drafter: the target's own first 8 layers
     (LayerSkip's early exit)."""
     yield from batch_invariant_stack(Stack(
         ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16"],
-        drafters=(*DRAFTER_METHODS, "draft_model", "eagle"),
+        drafters=(*DEFAULT_DRAFTERS, "draft_model", "eagle"),
         model_drafter_args=["--draft-layers", "8", "--dtype", "bfloat16"]))
 
 

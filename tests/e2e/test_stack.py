@@ -1,4 +1,5 @@
-"""End to end: client → gateway → target → drafters (n-gram, suffix, trie), real model, real processes."""
+"""End to end: client → gateway → target → drafters (n-gram, suffix, trie; lookahead in the target), real model,
+real processes."""
 import json
 import re
 import subprocess
@@ -53,7 +54,7 @@ def transformers_greedy():
     return outputs
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "trie", "auto"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "trie", "lookahead", "auto"])
 @pytest.mark.parametrize("prompt", CHAT_PROMPTS)
 async def test_greedy_speculation_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt, method):
     address = stack.address("gateway")

@@ -1,7 +1,7 @@
 """The one draft type: a token tree with an acceptance estimate per token."""
 import pytest
 
-from specd.drafts import DraftTree
+from specd.drafts import ROOT, DraftTree
 from specd.errors import InvalidArgument
 
 
@@ -38,3 +38,37 @@ def test_a_malformed_tree_is_refused_naming_the_field(tree, field):
     with pytest.raises(InvalidArgument) as error:
         tree.validate("draft")
     assert error.value.field == field
+
+
+def paths_of(tree: DraftTree) -> dict[tuple[int, ...], float]:
+    """Each node as the path of tokens from the root, with its estimate."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tree.token_ids, tree.parents):
+        paths.append((*(paths[parent] if parent != ROOT else ()), token))
+    return dict(zip(paths, tree.probs))
+
+
+def test_merged_trees_share_their_common_paths_once_with_the_higher_estimate():
+    ngram = DraftTree.chain([1, 2, 3], [0.6, 0.9, 0.9])
+    suffix = DraftTree((1, 2, 7, 4), (ROOT, 0, 1, ROOT), (0.3, 0.95, 0.5, 0.2))
+    merged, placement = DraftTree.merge([ngram, suffix], max_nodes=16)
+    assert paths_of(merged) == pytest.approx({(1,): 0.6, (1, 2): 0.95, (4,): 0.2,
+                                              (1, 2, 3): 0.9 / 1.4, (1, 2, 7): 0.5 / 1.4})  # 3 and 7: one chance
+    # each input node is found where the merge put it
+    assert [merged.token_ids[i] for i in placement[0].values()] == [1, 2, 3]
+    assert [merged.token_ids[placement[1][node]] for node in range(4)] == [1, 2, 7, 4]
+    # best first, so a cut keeps the likeliest nodes and is still a tree
+    assert merged.truncated(2).token_ids == (1, 2)
+
+
+def test_siblings_sure_of_different_continuations_are_scaled_to_one_chance_in_all():
+    merged, _ = DraftTree.merge([DraftTree.chain([1], [0.9]), DraftTree.chain([2], [0.6])], max_nodes=16)
+    assert sum(merged.probs) == pytest.approx(1.0)
+    assert merged.probs[merged.token_ids.index(1)] == pytest.approx(0.6)
+
+
+def test_a_merge_over_budget_keeps_the_likeliest_nodes_and_places_only_those():
+    merged, placement = DraftTree.merge([DraftTree.chain([1, 2, 3], [0.9, 0.9, 0.9]), DraftTree.chain([5], [0.05])],
+                                        max_nodes=3)
+    assert merged.token_ids == (1, 2, 3)
+    assert placement[1] == {}

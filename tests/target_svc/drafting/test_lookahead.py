@@ -48,6 +48,16 @@ def test_the_pool_keeps_the_latest_guess_set_size_continuations_of_each_token_an
     assert list(state.pool[1]) == [(2, 4), (5, 6)] and list(state.pool[6]) == [(1, 2)]
 
 
+def test_a_full_pool_drops_the_windows_oldest_guess_before_anything_the_text_said():
+    state = lookahead(level=3, guess_set_size=2)
+    state.remember((1, 7, 7), from_window=True)
+    state.remember((1, 2, 3), from_window=False)
+    state.remember((1, 8, 8), from_window=True)  # (7, 7) goes, though (2, 3) is older
+    assert dict(state.pool[1]) == {(2, 3): False, (8, 8): True}
+    state.index_text([1, 8, 8])  # the text says (8, 8) too: no longer a guess
+    assert dict(state.pool[1]) == {(2, 3): False, (8, 8): False}
+
+
 def test_a_draft_merges_the_continuations_into_one_tree_newest_first_with_estimates_shared_by_count():
     state = lookahead(level=4, guess_set_size=3)
     for continuation in [(7, 8, 9), (7, 8, 6), (5, 4, 3)]:

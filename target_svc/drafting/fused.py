@@ -1,0 +1,67 @@
+"""`method: fused`: every drafter of the deployment asked at once, their drafts merged into one token tree.
+
+Drafters are right about different texts (n-gram lookup about the prompt, suffix and trie about earlier
+answers, lookahead about what the model would say next), and one step can verify all their guesses in
+one forward: a path several drafters propose is one branch, and the target's cost model keeps the
+nodes of the merged tree that pay, as for any draft (FastDeploy's model draft with n-gram fill-in, and
+SpecInfer's merged token trees, are the same idea). The drafters are asked concurrently, so a step waits
+for the slowest of them; `method: auto` weighs that against what fusing gains, like any of its choices.
+Lookahead's window, when it is one of the drafters, rides along and learns from its part of the draft.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from specd.drafts import DraftTree
+from specd.options import OptionSchema
+from target_svc.drafting.base import DraftSource, Window, WindowSource
+from target_svc.sequence import Sequence
+
+FUSED_METHOD = "fused"
+FUSED_SCHEMA = OptionSchema(FUSED_METHOD)  # no options: each drafter runs on its deployment defaults
+
+
+class FusedSource:
+    def __init__(self, members: list[DraftSource]):
+        self._members = members
+        # Per sequence, for each member that drafted, where its nodes went in the latest merged draft.
+        self._placement: dict[str, dict[str, dict[int, int]]] = {}
+
+    method = FUSED_METHOD
+    schema = FUSED_SCHEMA
+
+    async def start(self) -> None:
+        pass  # the members are started as the deployment's own sources
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        replies = await asyncio.gather(*(member.propose(wanted) for member in self._members))
+        budgets = {seq.request_id: k for seq, k in wanted}
+        drafts = {}
+        for sid, k in budgets.items():
+            drafted = [(member.method, reply[sid]) for member, reply in zip(self._members, replies) if sid in reply]
+            if not drafted:
+                continue
+            merged, placements = DraftTree.merge([tree for _, tree in drafted], k)
+            drafts[sid] = merged
+            self._placement[sid] = {method: placement for (method, _), placement in zip(drafted, placements)}
+        return drafts
+
+    def window(self, seq: Sequence) -> Window | None:
+        windows = [member.window(seq) for member in self._members if isinstance(member, WindowSource)]
+        return next((window for window in windows if window is not None), None)
+
+    def observe(self, seq: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
+        """A member with a window learns from the step, the accepted path in its own draft's nodes."""
+        placement = self._placement.pop(seq.request_id, {})
+        for member in self._members:
+            if isinstance(member, WindowSource):
+                own = {merged: node for node, merged in placement.get(member.method, {}).items()}
+                member.observe(seq, guesses, tuple(own[node] for node in accepted_nodes if node in own))
+
+    def release(self, seq: Sequence) -> None:
+        self._placement.pop(seq.request_id, None)
+        for member in self._members:
+            member.release(seq)
+
+    async def close(self) -> None:
+        pass  # the members are closed as the deployment's own sources

@@ -1,0 +1,79 @@
+"""`method: fused`: the deployment's drafters asked together, their drafts merged into one tree; greedy
+output never changes, and a path only one drafter knew is accepted all the same."""
+import asyncio
+
+from specd.drafts import DraftTree
+from specd.options import OptionSchema
+from specd.types import SamplingParams, SpeculativeConfig
+from target_svc.drafting.drafters import Drafters
+from target_svc.drafting.fused import FusedSource
+from target_svc.drafting.lookahead import LookaheadSource
+from target_svc.sequence import Sequence
+from tests.target_svc.test_scheduler import bf16_scheduler, prompt_of, run_to_end, sequence
+
+
+class HalfOracle:
+    """Knows the reference continuation on even (or odd) output positions only: alone, it drafts one right
+    token a step at best; the other half's drafts are wrong."""
+
+    schema = OptionSchema("half")
+
+    def __init__(self, method: str, parity: int, outputs: dict[str, list[int]]):
+        self.method, self.parity, self.outputs, self.released = method, parity, outputs, set()
+
+    async def start(self) -> None:
+        pass
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        drafts = {}
+        for seq, k in wanted:
+            right = self.outputs[seq.request_id][seq.num_output:seq.num_output + k]
+            if right:
+                guess = right if seq.num_output % 2 == self.parity else [(t + 1) % 64 for t in right]
+                drafts[seq.request_id] = DraftTree.chain(guess, [0.5] * len(guess))
+        return drafts
+
+    def release(self, sequence: Sequence) -> None:
+        self.released.add(sequence.request_id)
+
+    async def close(self) -> None:
+        pass
+
+
+PROMPTS = {f"f{i}": prompt_of(70 + i, 9 + 4 * i) for i in range(3)}
+
+
+async def test_fused_drafts_merge_every_drafters_guesses_and_change_no_greedy_output(tiny_model_dir):
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = dict(zip(PROMPTS, await asyncio.gather(
+            *(run_to_end(scheduler, sequence(name, p, max_tokens=24)) for name, p in PROMPTS.items()))))
+    even, odd = HalfOracle("even", 0, expected), HalfOracle("odd", 1, expected)
+    async with bf16_scheduler(tiny_model_dir, sources=[even, odd]) as scheduler:
+        await scheduler._drafters.start()
+        assert "fused" in scheduler._drafters.methods
+        fused = SpeculativeConfig(method="fused", num_speculative_tokens=6)
+        seqs = [Sequence(name, p, SamplingParams(max_tokens=24), fused, 24, eos_token_ids=frozenset())
+                for name, p in PROMPTS.items()]
+        got = dict(zip(PROMPTS, await asyncio.gather(*(run_to_end(scheduler, s) for s in seqs))))
+        assert got == expected
+        # whichever half is right this step, its path is in the merged tree: most steps accept several tokens
+        assert sum(s.usage.verification_steps for s in seqs) < sum(len(t) for t in got.values()) / 2
+        assert even.released == odd.released == set(PROMPTS)  # fused releases its members
+
+
+async def test_only_drafters_of_tokens_alone_are_fused_and_one_alone_is_not():
+    lone = Drafters([LookaheadSource()], vocab_size=64)
+    await lone.start()
+    assert "fused" not in lone.methods
+
+
+async def test_a_member_with_a_window_learns_from_its_own_nodes_of_the_merged_draft():
+    lookahead, other = LookaheadSource(), HalfOracle("even", 0, {"s": [9, 9, 9, 9]})
+    fused = FusedSource([other, lookahead])
+    seq = sequence("s", prompt=[1, 2, 3, 4, 1, 2, 3])  # lookahead's pool drafts 4 after 3 (the text's n-gram)
+    merged = (await fused.propose([(seq, 8)]))["s"]
+    state = lookahead._states["s"]
+    state.last_draft_from_window = (True,) * 3  # as if its n-grams had come from its window
+    fused.observe(seq, [5] * 5, accepted_nodes=(merged.token_ids.index(4),))
+    assert state.yield_.accepted == 1  # credited with its node, under its own index
+    assert state.levels[-1] == [5] * 5  # and its window advanced
