@@ -99,6 +99,13 @@ class DraftTree:
                      tuple(probs[path] for path in order))
         return merged, [{i: index[path] for i, path in enumerate(mine) if path in index} for mine in tree_paths]
 
+    def subtree(self, nodes: list[int]) -> DraftTree:
+        """The tree of the given nodes (ascending, each one's parent among them), reindexed."""
+        index = {node: i for i, node in enumerate(nodes)}
+        return DraftTree(tuple(self.token_ids[n] for n in nodes),
+                         tuple(index[self.parents[n]] if self.parents[n] != ROOT else ROOT for n in nodes),
+                         tuple(self.probs[n] for n in nodes), self.score)
+
     def validate(self, field_prefix: str) -> None:
         if not len(self.parents) == len(self.probs) == len(self.token_ids):
             raise InvalidArgument(f"{field_prefix}.parent_ids",

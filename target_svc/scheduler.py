@@ -216,7 +216,7 @@ class Scheduler:
             gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in verified]
             self._gate(method).asked(round_trips.get(method, round_trip), gains)
             for item, outcome in verified:
-                self._drafters.observe(item.seq, item.guesses, outcome.path)
+                self._drafters.observe(item.seq, item.guesses, len(item.draft), outcome.path)
             for seq, gain in gains:
                 if seq.chooser is not None:
                     seq.chooser.observe(method, gain)

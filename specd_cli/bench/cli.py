@@ -163,16 +163,24 @@ async def _spec(args: argparse.Namespace) -> int:
     return _verdict(records, settings.methods, run_dir)
 
 
+def _stacks_shown(own_stacks: tuple[str, ...]) -> dict[str, str]:
+    """The report's line on which methods ran on a stack of their own."""
+    if not own_stacks:
+        return {}
+    return {"stacks": f"{', '.join(own_stacks)} each on a stack of its own (their drafters learn across requests)"}
+
+
 async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
     from specd.model_store import resolve_model
-    from specd_cli.bench.deployment import deployment, resolve_methods
-    from specd_cli.bench.gateway_requests import connected
+    from specd_cli.bench.deployment import deployment
+    from specd_cli.bench.gateway_requests import connected_all
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
                     args.methods, args.draft_layers, args.protocol) as stack:
-        settings = SpecSettings(resolve_methods(args.methods, stack.target), args.baselines, args.temperatures,
-                                args.seed, args.max_tokens, args.warmup, args.timeout, args.passes)
+        settings = SpecSettings(stack.methods, args.baselines, args.temperatures,
+                                args.seed, args.max_tokens, args.warmup, args.timeout, args.passes,
+                                tuple(stack.own_gateways))
         baselines = None
         if args.baselines:
             import torch
@@ -180,7 +188,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
             from specd_cli.bench.baselines import TransformersBaselines
             baselines = TransformersBaselines(resolve_model(args.model), threads, args.prompt_lookup_num_tokens,
                                               getattr(torch, args.dtype))
-        async with connected(args.protocol, stack.gateway) as gateway:
+        async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
             runner = SpecRunner(gateway, settings, baselines)
             await runner.warm_up()
             return settings, await runner.run(prompts)
@@ -197,7 +205,8 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
              (f", the first {args.limit} per category" if args.limit else "")
     shown = {"model": args.model, "max_tokens": args.max_tokens,
              "prompts": f"{len(prompts)} from {args.prompts.name}{chosen}",
-             "warm-up": f"{args.warmup} untimed request(s) per system and temperature, excluded"}
+             "warm-up": f"{args.warmup} untimed request(s) per system and temperature, excluded",
+             **_stacks_shown(settings.own_stacks)}
     text = report.spec_report(summaries, references, report.header_line("spec", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "spec", "created": created, "machine": machine, "git": git,
@@ -256,16 +265,16 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
-    from specd_cli.bench.deployment import deployment, resolve_methods
-    from specd_cli.bench.gateway_requests import connected
+    from specd_cli.bench.deployment import deployment
+    from specd_cli.bench.gateway_requests import connected_all
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
                     args.methods, args.draft_layers, args.protocol) as stack:
-        settings = ServeSettings(resolve_methods(args.methods, stack.target), args.concurrency, args.request_rate,
+        settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
-                                 args.timeout)
-        async with connected(args.protocol, stack.gateway) as gateway:
+                                 args.timeout, tuple(stack.own_gateways))
+        async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
             runner = LoadRunner(gateway, settings, prompts)
             await runner.warm_up()
             return settings, await runner.run()
@@ -284,7 +293,8 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
     shown = {"model": args.model, "max_tokens": args.max_tokens, "temperature": f"{args.temperature:g}",
              "arrivals": "closed loop" if closed_loop else f"Poisson {args.request_rate:g} req/s",
              "requests": f"{args.num_prompts} per method and concurrency from {source.name}",
-             "warm-up": f"{args.warmup} untimed request(s) per method, excluded"}
+             "warm-up": f"{args.warmup} untimed request(s) per method, excluded",
+             **_stacks_shown(settings.own_stacks)}
     text = report.serve_report(summaries, report.header_line("serve", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "serve", "created": created, "machine": machine, "git": git,

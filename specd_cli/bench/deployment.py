@@ -15,10 +15,19 @@ from specd_cli.bench.errors import BenchError
 from specd_cli.stack import DEFAULT_DRAFTERS, MODEL_DRAFTER_METHODS, Stack, StackPorts
 
 
+# Methods whose drafts depend on earlier requests (suffix decoding's and the trie's trees over past
+# outputs, and the methods that use them): on a stack shared with the other methods they would draft the
+# answer to a prompt from another method's answer to the same prompt (measured: 3-6x the tokens per
+# step), so a bench that starts its own stack gives each of them a stack of its own.
+LEARNING_METHODS = ("suffix", "trie", "fused", "auto")
+
+
 @dataclass
 class Deployment:
     gateway: str  # gRPC host:port, or the HTTP API's base URL when the bench speaks HTTP
     target: str | None  # known when started here or given with --target
+    methods: list[str]  # the methods to compare, `none` first
+    own_gateways: dict[str, str] = field(default_factory=dict)  # methods on a stack of their own, and its gateway
 
 
 @dataclass
@@ -37,26 +46,42 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
                methods: list[str] | None = None, draft_layers: int | None = None,
                protocol: str = "grpc") -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter
-    and lookahead, and the model drafters among `methods` (in the target's dtype; draft_model on the target's first
-    `draft_layers` layers when given). `protocol`: which of the gateway's APIs the bench speaks."""
+    and lookahead, and the model drafters among `methods` (in the target's dtype; draft_model on the target's
+    first `draft_layers` layers when given); and the same again for each of LEARNING_METHODS compared, which
+    gets a stack of its own. `protocol`: which of the gateway's APIs the bench speaks."""
     if gateway:
-        yield Deployment(gateway, target)
+        yield Deployment(gateway, target, resolve_methods(methods, target))
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     model_drafters = tuple(m for m in MODEL_DRAFTER_METHODS if m in (methods or ()))
-    stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads, extra_target_args=["--dtype", dtype],
-                         drafters=(*DEFAULT_DRAFTERS, *model_drafters),
-                         model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
-                                                                 if draft_layers else [])],
-                         log_dir=log_dir)
-    try:
+    stacks: list[Stack] = []
+
+    def started(name: str) -> Stack:
+        """A stack up (one at a time: each target profiles its step cost as it starts, undisturbed)."""
+        stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads,
+                             extra_target_args=["--dtype", dtype], drafters=(*DEFAULT_DRAFTERS, *model_drafters),
+                             model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
+                                                                     if draft_layers else [])],
+                             log_dir=log_dir / name)
+        stack.log_dir.mkdir(parents=True, exist_ok=True)
+        stacks.append(stack)
         try:
             stack.up()
         except (RuntimeError, TimeoutError) as err:
-            raise BenchError(f"could not start the stack: {err} (service logs in {log_dir})") from err
-        yield Deployment(stack.http_url if protocol == "http" else stack.address("gateway"), stack.address("target"))
+            raise BenchError(f"could not start the stack: {err} (service logs in {stack.log_dir})") from err
+        return stack
+
+    def gateway_of(stack: Stack) -> str:
+        return stack.http_url if protocol == "http" else stack.address("gateway")
+
+    try:
+        shared = started("shared")
+        resolved = resolve_methods(methods, shared.address("target"))
+        own = {method: gateway_of(started(method)) for method in resolved if method in LEARNING_METHODS}
+        yield Deployment(gateway_of(shared), shared.address("target"), resolved, own)
     finally:
-        stack.down()
+        for stack in stacks:
+            stack.down()
 
 
 def served_methods(target: str, timeout_s: float = 10.0) -> list[str]:

@@ -106,7 +106,19 @@ class HttpGateway:
         await self._http.aclose()
 
 
-Gateway = GrpcGateway | HttpGateway
+class RoutedGateway:
+    """Each method's requests to its own gateway where it has one (a stack of its own), the rest to `shared`."""
+
+    def __init__(self, shared: GrpcGateway | HttpGateway, own: dict[str, GrpcGateway | HttpGateway]):
+        self._shared, self._own = shared, own
+
+    async def timed_request(self, prompt: Prompt, method: str, temperature: float, seed: int | None,
+                            max_tokens: int, timeout_s: float) -> RequestRecord:
+        return await self._own.get(method, self._shared).timed_request(prompt, method, temperature, seed, max_tokens,
+                                                                       timeout_s)
+
+
+Gateway = GrpcGateway | HttpGateway | RoutedGateway
 PROTOCOLS = ("grpc", "http")
 
 
@@ -161,3 +173,12 @@ def _finish(record: RequestRecord, finish_reason: str, prompt_tokens: int, compl
     if completion_tokens != record.completion_tokens:
         return f"usage reports {completion_tokens} completion tokens, the stream carried {record.completion_tokens}"
     return None
+
+
+@contextlib.asynccontextmanager
+async def connected_all(protocol: str, shared: str, own: dict[str, str]) -> AsyncIterator[RoutedGateway]:
+    """The gateway at `shared` for every method but those in `own`, each of which has a gateway of its own."""
+    async with contextlib.AsyncExitStack() as stack:
+        gateways = {address: await stack.enter_async_context(connected(protocol, address))
+                    for address in {shared, *own.values()}}
+        yield RoutedGateway(gateways[shared], {method: gateways[address] for method, address in own.items()})

@@ -34,6 +34,7 @@ class ServeSettings:
     seed: int
     warmup: int  # requests per method before measuring; excluded
     timeout_s: float
+    own_stacks: tuple[str, ...] = ()  # methods that ran on a stack of their own
 
 
 def poisson_send_times(count: int, rate: float, seed: int) -> list[float]:

@@ -59,6 +59,7 @@ class WindowSource(DraftSource, Protocol):
     def window(self, sequence: Sequence) -> Window | None:
         """The window to run beside the sequence's draft this step, if any."""
 
-    def observe(self, sequence: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
+    def observe(self, sequence: Sequence, guesses: list[int], num_verified: int,
+                accepted_nodes: tuple[int, ...]) -> None:
         """The step ran: the target's argmax at each of the window's guess nodes (none if the window did
-        not run), and the draft nodes it accepted."""
+        not run), how many of the draft's first nodes it verified, and those it accepted."""

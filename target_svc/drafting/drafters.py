@@ -86,11 +86,11 @@ class Drafters:
         source = self._sources.get(seq.drafting_method)
         return source.window(seq) if isinstance(source, WindowSource) else None
 
-    def observe(self, seq: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
+    def observe(self, seq: Sequence, guesses: list[int], num_verified: int, accepted_nodes: tuple[int, ...]) -> None:
         """An asked sequence verified: its drafter, if its guesses ride in the forward, learns from the step."""
         source = self._sources.get(seq.drafting_method)
         if isinstance(source, WindowSource):
-            source.observe(seq, guesses, accepted_nodes)
+            source.observe(seq, guesses, num_verified, accepted_nodes)
 
     def release(self, seq: Sequence) -> None:
         """Every source that may hold the sequence forgets it (under auto, any of them: `fused` releases

@@ -6,7 +6,9 @@ one forward: a path several drafters propose is one branch, and the target's cos
 nodes of the merged tree that pay, as for any draft (FastDeploy's model draft with n-gram fill-in, and
 SpecInfer's merged token trees, are the same idea). The drafters are asked concurrently, so a step waits
 for the slowest of them; `method: auto` weighs that against what fusing gains, like any of its choices.
-Lookahead's window, when it is one of the drafters, rides along and learns from its part of the draft.
+Each drafter's estimates are corrected by how far its own part of the fused drafts came true before they
+are merged, so that the merged tree ranks one drafter's guesses against another's fairly. Lookahead's
+window, when it is one of the drafters, rides along and learns from its part of the draft.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import asyncio
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
 from target_svc.drafting.base import DraftSource, Window, WindowSource
+from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.sequence import Sequence
 
 FUSED_METHOD = "fused"
@@ -24,8 +27,10 @@ FUSED_SCHEMA = OptionSchema(FUSED_METHOD)  # no options: each drafter runs on it
 class FusedSource:
     def __init__(self, members: list[DraftSource]):
         self._members = members
-        # Per sequence, for each member that drafted, where its nodes went in the latest merged draft.
-        self._placement: dict[str, dict[str, dict[int, int]]] = {}
+        # Per sequence, for each member that drafted: its draft as sent, and where its nodes went in the
+        # latest merged draft.
+        self._placement: dict[str, dict[str, tuple[DraftTree, dict[int, int]]]] = {}
+        self._calibration = AcceptanceCalibration()  # by member method
 
     method = FUSED_METHOD
     schema = FUSED_SCHEMA
@@ -41,22 +46,28 @@ class FusedSource:
             drafted = [(member.method, reply[sid]) for member, reply in zip(self._members, replies) if sid in reply]
             if not drafted:
                 continue
-            merged, placements = DraftTree.merge([tree for _, tree in drafted], k)
+            merged, placements = DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)
             drafts[sid] = merged
-            self._placement[sid] = {method: placement for (method, _), placement in zip(drafted, placements)}
+            self._placement[sid] = {method: (tree, placement)
+                                    for (method, tree), placement in zip(drafted, placements)}
         return drafts
 
     def window(self, seq: Sequence) -> Window | None:
         windows = [member.window(seq) for member in self._members if isinstance(member, WindowSource)]
         return next((window for window in windows if window is not None), None)
 
-    def observe(self, seq: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
-        """A member with a window learns from the step, the accepted path in its own draft's nodes."""
-        placement = self._placement.pop(seq.request_id, {})
+    def observe(self, seq: Sequence, guesses: list[int], num_verified: int, accepted_nodes: tuple[int, ...]) -> None:
+        """The step verified the merged draft's first `num_verified` nodes: each member's estimates are checked
+        against the accepted path in its own nodes among them, and a member with a window learns from it."""
+        drafted = self._placement.pop(seq.request_id, {})
         for member in self._members:
+            tree, placement = drafted.get(member.method, (None, {}))
+            own = {merged: node for node, merged in placement.items() if merged < num_verified}
+            accepted = tuple(own[node] for node in accepted_nodes if node in own)
+            if tree is not None and own:
+                self._calibration.observe(member.method, tree.subtree(sorted(own.values())), len(accepted))
             if isinstance(member, WindowSource):
-                own = {merged: node for node, merged in placement.get(member.method, {}).items()}
-                member.observe(seq, guesses, tuple(own[node] for node in accepted_nodes if node in own))
+                member.observe(seq, guesses, len(own), accepted)
 
     def release(self, seq: Sequence) -> None:
         self._placement.pop(seq.request_id, None)

@@ -159,7 +159,7 @@ class LookaheadSource:
         state = self._states.get(seq.request_id)
         return state.window() if state is not None else None
 
-    def observe(self, seq: Sequence, guesses: list[int], accepted_nodes: tuple[int, ...]) -> None:
+    def observe(self, seq: Sequence, guesses: list[int], num_verified: int, accepted_nodes: tuple[int, ...]) -> None:
         state = self._states.get(seq.request_id)
         if state is None:
             return

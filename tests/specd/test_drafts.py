@@ -72,3 +72,8 @@ def test_a_merge_over_budget_keeps_the_likeliest_nodes_and_places_only_those():
                                         max_nodes=3)
     assert merged.token_ids == (1, 2, 3)
     assert placement[1] == {}
+
+
+def test_a_subtree_of_nodes_whose_parents_are_among_them_is_reindexed():
+    tree = DraftTree((1, 2, 3, 4), (ROOT, 0, ROOT, 1), (0.5, 0.6, 0.7, 0.8))
+    assert tree.subtree([0, 1, 3]) == DraftTree((1, 2, 4), (ROOT, 0, 1), (0.5, 0.6, 0.8))

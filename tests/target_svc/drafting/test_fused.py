@@ -76,6 +76,31 @@ async def test_a_member_with_a_window_learns_from_its_own_nodes_of_the_merged_dr
     merged = (await fused.propose([(seq, 8)]))["s"]
     state = lookahead._states["s"]
     state.last_draft_from_window = (True,) * 3  # as if its n-grams had come from its window
-    fused.observe(seq, [5] * 5, accepted_nodes=(merged.token_ids.index(4),))
+    fused.observe(seq, [5] * 5, num_verified=len(merged), accepted_nodes=(merged.token_ids.index(4),))
     assert state.yield_.accepted == 1  # credited with its node, under its own index
     assert state.levels[-1] == [5] * 5  # and its window advanced
+
+
+class Constant:
+    """Always drafts the same one token with the same estimate."""
+
+    schema = OptionSchema("constant")
+
+    def __init__(self, method: str, token: int, prob: float):
+        self.method, self.token, self.prob = method, token, prob
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        return {seq.request_id: DraftTree.chain([self.token], [self.prob]) for seq, _ in wanted}
+
+    def release(self, sequence: Sequence) -> None:
+        pass
+
+
+async def test_a_drafter_whose_estimates_run_high_ranks_below_one_that_keeps_its_word_once_each_is_checked():
+    boastful, modest = Constant("boastful", 5, 0.9), Constant("modest", 6, 0.3)
+    fused, seq = FusedSource([boastful, modest]), sequence("s")
+    assert (await fused.propose([(seq, 1)]))["s"].token_ids == (5,)  # on their word, the boastful one's
+    for _ in range(64):  # both verified; the modest one's token is the one accepted
+        merged = (await fused.propose([(seq, 2)]))["s"]
+        fused.observe(seq, [], num_verified=2, accepted_nodes=(merged.token_ids.index(6),))
+    assert (await fused.propose([(seq, 1)]))["s"].token_ids == (6,)

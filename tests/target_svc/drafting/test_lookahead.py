@@ -82,11 +82,11 @@ def test_the_window_is_expected_to_bring_what_its_n_grams_brought_per_step_it_ra
     prior = source.window(seq).expected_yield
     for _ in range(32):  # it runs and its n-grams bring nothing
         state.last_draft_from_window = (True, True)
-        source.observe(seq, [9, 9, 9, 9, 9], accepted_nodes=())
+        source.observe(seq, [9, 9, 9, 9, 9], num_verified=2, accepted_nodes=())
     assert source.window(seq).expected_yield < prior / 4
     for _ in range(64):  # drafts from its n-grams are accepted two tokens a step
         state.last_draft_from_window = (True, True)
-        source.observe(seq, [9, 9, 9, 9, 9], accepted_nodes=(0, 1))
+        source.observe(seq, [9, 9, 9, 9, 9], num_verified=2, accepted_nodes=(0, 1))
     assert source.window(seq).expected_yield == pytest.approx(2.0, rel=0.1)
     source.release(seq)
     assert source.window(seq) is None
