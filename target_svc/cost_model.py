@@ -181,9 +181,14 @@ class StepCostModel:
             try:
                 prompts = [SequenceInput(i, [1] * context, 0, 1) for i in ids]
                 runner.forward(prompts)  # not observed: a prompt's attention grows with its square
-                for new in PROFILE_NEW_TOKENS:
-                    steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
-                    seconds = min(_timed(runner, steps, ids, context) for _ in range(PROFILE_REPEATS))
+                # The sizes in turn, PROFILE_REPEATS times over: a burst of other work disturbs one round, not
+                # every timing of one size.
+                fastest = dict.fromkeys(PROFILE_NEW_TOKENS, math.inf)
+                for _ in range(PROFILE_REPEATS):
+                    for new in PROFILE_NEW_TOKENS:
+                        steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
+                        fastest[new] = min(fastest[new], _timed(runner, steps, ids, context))
+                for new, seconds in fastest.items():
                     self.observe(StepShape.of([(context, new)] * num_seqs), seconds, profile=True)
             finally:
                 for i in ids:

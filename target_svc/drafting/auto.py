@@ -1,12 +1,14 @@
 """`method: auto`: the target picks, for each sequence and step, which of the deployment's drafters to
-ask, by what each has gained that sequence so far (an explore/exploit rule over its drafts' gain).
+ask (`fused` among them: all of them at once), by what each has gained so far (an explore/exploit rule
+over its drafts' gain).
 
 A text's best drafter is a property of the text (code repeats its prompt: n-gram; a chat that echoes
-earlier answers: suffix or trie), so each sequence learns its own choice: every drafter is tried
-TRIALS times first, in turn; then the one whose asks have gained the most (a moving mean of its
-accepted draft tokens, less what verifying them cost the batch) is asked, and every EXPLORE_EVERY asks
-the one asked longest ago, so a drafter that starts to pay later (a text turning repetitive) is found.
-The drafters' own gates still decide whether a step asks at all.
+earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter
+has gained the deployment's sequences so far (`MethodRecord`): the one that has gained the most (a
+moving mean of its accepted draft tokens, less what verifying them cost the batch) is asked, and every
+EXPLORE_EVERY asks the one asked longest ago, so a drafter that starts to pay later (a text turning
+repetitive) is found. A drafter the deployment has no record of yet is tried TRIALS times first. The
+drafters' own gates still decide whether a step asks at all.
 """
 from __future__ import annotations
 
@@ -16,15 +18,31 @@ AUTO_METHOD = "auto"
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
 EXPLORE_EVERY = 8
-SMOOTHING = 0.25  # weight of a drafter's newest ask in its mean gain
+SMOOTHING = 0.25  # weight of a drafter's newest ask in a sequence's mean gain
+RECORD_SMOOTHING = 1 / 64  # and in the deployment's
+
+
+class MethodRecord:
+    """What an ask of each drafter has gained any `auto` sequence of the deployment, a moving mean: where a
+    new sequence's choice starts."""
+
+    def __init__(self):
+        self.gain: dict[str, float] = {}
+        self.asks: dict[str, int] = {}
+
+    def observe(self, method: str, gain: float) -> None:
+        mean = self.gain.get(method)
+        self.gain[method] = gain if mean is None else mean + RECORD_SMOOTHING * (gain - mean)
+        self.asks[method] = self.asks.get(method, 0) + 1
 
 
 class MethodChooser:
     """One auto sequence's choice among `methods`."""
 
-    def __init__(self, methods: list[str]):
+    def __init__(self, methods: list[str], record: MethodRecord | None = None):
         self._methods = list(methods)
-        self._gain: dict[str, float] = {}  # a moving mean per method, once asked
+        self._record = record if record is not None else MethodRecord()
+        self._gain: dict[str, float] = {}  # a moving mean per method this sequence asked, from the record's
         self._asks = {method: 0 for method in methods}
         self._last_asked = {method: -1 for method in methods}
         self._total_asks = 0
@@ -36,17 +54,22 @@ class MethodChooser:
         return self.current, why
 
     def _choice(self) -> tuple[str, str]:
-        untried = [m for m in self._methods if self._asks[m] < TRIALS]
+        untried = [m for m in self._methods if self._record.asks.get(m, 0) < TRIALS]
         if untried:
-            return min(untried, key=lambda m: (self._asks[m], self._methods.index(m))), "trial"
+            return min(untried, key=lambda m: (self._record.asks.get(m, 0), self._methods.index(m))), "trial"
         if len(self._methods) > 1 and self._total_asks % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             return min(self._methods, key=lambda m: self._last_asked[m]), "explore"
-        return max(self._methods, key=lambda m: (self._gain[m], -self._methods.index(m))), "best"
+        return max(self._methods, key=lambda m: (self._expected(m), -self._methods.index(m))), "best"
+
+    def _expected(self, method: str) -> float:
+        """What an ask of `method` is expected to gain: this sequence's mean, or the deployment's before it asked."""
+        return self._gain.get(method, self._record.gain[method])
 
     def observe(self, method: str, gain: float) -> None:
         """An ask of `method` gained the batch `gain` tokens (0 for no draft)."""
-        mean = self._gain.get(method)
+        mean = self._gain.get(method, self._record.gain.get(method))
         self._gain[method] = gain if mean is None else mean + SMOOTHING * (gain - mean)
+        self._record.observe(method, gain)
         self._asks[method] += 1
         self._last_asked[method] = self._total_asks
         self._total_asks += 1

@@ -8,7 +8,7 @@ import time
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
 from specd.types import NONE_SCHEMA
-from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser
+from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser, MethodRecord
 from target_svc.drafting.base import DraftSource, Window, WindowSource
 from target_svc.drafting.fused import FUSED_METHOD, FusedSource
 from target_svc.sequence import Sequence
@@ -18,6 +18,7 @@ class Drafters:
     def __init__(self, sources: list[DraftSource], vocab_size: int):
         self._sources = {source.method: source for source in sources}
         self._vocab_size = vocab_size
+        self._auto_record = MethodRecord()  # what each drafter has gained `auto` sequences so far
 
     async def start(self) -> None:
         """Every source ready; then `fused` over those that draft from tokens alone (a remote source's
@@ -54,7 +55,7 @@ class Drafters:
         if seq.speculative.method != AUTO_METHOD:
             return seq.speculative.method, "method"
         if seq.chooser is None:
-            seq.chooser = MethodChooser(self.auto_methods)
+            seq.chooser = MethodChooser(self.auto_methods, self._auto_record)
         return seq.chooser.choose()
 
     def wants_features(self, seq: Sequence) -> bool:

@@ -1,6 +1,6 @@
-"""End to end in bf16: greedy speculation (n-gram chains, suffix and trie trees, draft-model chains, EAGLE
-trees) is token for token the output without it, while the other requests share the batch (the engine's
-logits are batch invariant)."""
+"""End to end in bf16: greedy speculation (n-gram chains; suffix, trie, lookahead and fused trees; draft-model
+chains, EAGLE trees) is token for token the output without it, while the other requests share the batch (the
+engine's logits are batch invariant)."""
 import asyncio
 
 import pytest
@@ -33,7 +33,7 @@ async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:
 
 
 async def test_bf16_greedy_speculation_in_a_crowd_equals_none_alone(bf16_stack):
-    methods = ("ngram", "suffix", "trie", "lookahead", "draft_model", "eagle", "auto", "none")
+    methods = ("ngram", "suffix", "trie", "lookahead", "fused", "draft_model", "eagle", "auto", "none")
     async with SpecdClient(bf16_stack.address("gateway")) as client:
         alone = [await _tokens(client, prompt, "none") for prompt in PROMPTS]
         crowded = await asyncio.gather(*(_tokens(client, prompt, method) for prompt in PROMPTS for method in methods))

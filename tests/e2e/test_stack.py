@@ -54,7 +54,7 @@ def transformers_greedy():
     return outputs
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "trie", "lookahead", "auto"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "trie", "lookahead", "fused", "auto"])
 @pytest.mark.parametrize("prompt", CHAT_PROMPTS)
 async def test_greedy_speculation_equals_none_equals_transformers_generate(stack, transformers_greedy, prompt, method):
     address = stack.address("gateway")

@@ -8,7 +8,7 @@ import pytest
 from drafter_svc.server import create_service as create_drafter
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
-from target_svc.drafting.auto import EXPLORE_EVERY, TRIALS, MethodChooser
+from target_svc.drafting.auto import EXPLORE_EVERY, TRIALS, MethodChooser, MethodRecord
 from target_svc.server import TargetOptions, TargetService
 
 
@@ -18,7 +18,7 @@ def ask(chooser: MethodChooser, gains: dict[str, float]) -> tuple[str, str]:
     return method, why
 
 
-def test_every_drafter_is_tried_in_turn_before_any_is_preferred():
+def test_every_drafter_is_tried_in_turn_before_any_is_preferred_while_the_deployment_has_no_record_of_it():
     chooser = MethodChooser(["ngram", "suffix", "trie"])
     first = [ask(chooser, {"ngram": 0.0, "suffix": 3.0, "trie": 1.0}) for _ in range(3 * TRIALS)]
     assert [m for m, _ in first] == ["ngram", "suffix", "trie"] * TRIALS
@@ -42,6 +42,18 @@ def test_the_drafter_asked_longest_ago_is_explored_now_and_then_and_can_take_ove
     gains["ngram"] = 4.0  # the text turned repetitive: n-gram lookup now pays
     later = [ask(chooser, gains)[0] for _ in range(3 * EXPLORE_EVERY)]
     assert later[-1] == "ngram"
+
+
+def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_earlier_ones_without_trials():
+    record = MethodRecord()
+    first = MethodChooser(["ngram", "suffix", "fused"], record)
+    for _ in range(3 * TRIALS + 8):
+        ask(first, {"ngram": 0.1, "suffix": 0.5, "fused": 1.5})
+    later = MethodChooser(["ngram", "suffix", "fused"], record)
+    assert later.choose() == ("fused", "best")
+    # and its own asks take over from the record: where fused gains this one nothing, it moves on
+    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "fused": 0.0})[0] for _ in range(EXPLORE_EVERY)]
+    assert choices[-1] == "suffix"
 
 
 def test_one_drafter_is_always_the_one_asked():
