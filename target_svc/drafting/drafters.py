@@ -64,17 +64,29 @@ class Drafters:
         return source is not None and source.schema.wants_features
 
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> tuple[dict[str, DraftTree], dict[str, float]]:
-        """Drafts for every (sequence, k) with k > 0, asking all sources concurrently; and each asked
-        method's round trip in seconds."""
+        """Drafts for every (sequence, k) with k > 0, asking all sources concurrently, each once (a source
+        answers one ask at a time: `fused` sequences join its members' asks); and each asked method's round
+        trip in seconds."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
         for seq, k in wanted:
             if k > 0 and seq.drafting_method in self._sources:
                 by_method.setdefault(seq.drafting_method, []).append((seq, k))
-        replies = await asyncio.gather(*(self._timed(m, group) for m, group in by_method.items()))
-        drafts, round_trips = {}, {}
+        fused_group = by_method.pop(FUSED_METHOD, [])
+        asks = {method: list(group) for method, group in by_method.items()}
+        fused = self._sources.get(FUSED_METHOD)
+        for method in (fused.member_methods if fused_group else []):
+            asks.setdefault(method, []).extend(fused_group)
+        replies = await asyncio.gather(*(self._timed(m, group) for m, group in asks.items()))
+        drafts, round_trips, member_replies = {}, {}, {}
         for method, reply, seconds in replies:  # a token the model cannot embed would fail the step: drop such drafts
-            drafts.update({sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d.token_ids)})
+            reply = {sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d.token_ids)}
+            drafts.update({seq.request_id: reply[seq.request_id] for seq, _ in by_method.get(method, [])
+                           if seq.request_id in reply})
+            member_replies[method] = reply
             round_trips[method] = seconds
+        if fused_group:
+            drafts.update(fused.fuse(fused_group, member_replies))
+            round_trips[FUSED_METHOD] = max(round_trips[m] for m in fused.member_methods)
         return drafts, round_trips
 
     async def _timed(self, method: str, group: list[tuple[Sequence, int]]) -> tuple[str, dict[str, DraftTree], float]:

@@ -38,12 +38,22 @@ class FusedSource:
     async def start(self) -> None:
         pass  # the members are started as the deployment's own sources
 
+    @property
+    def member_methods(self) -> list[str]:
+        return [member.method for member in self._members]
+
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        """Asks every member itself: for use on its own (the target's step shares one ask per member per step
+        among the members' own sequences and fused ones, and calls `fuse`)."""
         replies = await asyncio.gather(*(member.propose(wanted) for member in self._members))
-        budgets = {seq.request_id: k for seq, k in wanted}
+        return self.fuse(wanted, dict(zip(self.member_methods, replies)))
+
+    def fuse(self, wanted: list[tuple[Sequence, int]], replies: dict[str, dict[str, DraftTree]]) -> dict[str, DraftTree]:
+        """The members' drafts (`replies`, by member method, then by sequence id) merged per sequence."""
         drafts = {}
-        for sid, k in budgets.items():
-            drafted = [(member.method, reply[sid]) for member, reply in zip(self._members, replies) if sid in reply]
+        for seq, k in wanted:
+            sid = seq.request_id
+            drafted = [(m, reply[sid]) for m, reply in replies.items() if m in self.member_methods and sid in reply]
             if not drafted:
                 continue
             merged, placements = DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)

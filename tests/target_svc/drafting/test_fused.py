@@ -104,3 +104,34 @@ async def test_a_drafter_whose_estimates_run_high_ranks_below_one_that_keeps_its
         merged = (await fused.propose([(seq, 2)]))["s"]
         fused.observe(seq, [], num_verified=2, accepted_nodes=(merged.token_ids.index(6),))
     assert (await fused.propose([(seq, 1)]))["s"].token_ids == (6,)
+
+
+class OneAskAtATime(Constant):
+    """Like a drafter service's stream: a second ask while one is in flight is an error."""
+
+    def __init__(self, method: str, token: int):
+        super().__init__(method, token, 0.5)
+        self.in_flight, self.asks = False, 0
+
+    async def propose(self, wanted):
+        assert not self.in_flight, "asked twice at once"
+        self.in_flight, self.asks = True, self.asks + 1
+        await asyncio.sleep(0.01)
+        self.in_flight = False
+        return await super().propose(wanted)
+
+    async def start(self) -> None:
+        pass
+
+
+async def test_a_step_with_fused_and_member_sequences_asks_each_member_once():
+    ngram, suffix = OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)
+    drafters = Drafters([ngram, suffix], vocab_size=64)
+    await drafters.start()
+    alone, together = sequence("alone"), sequence("together")
+    alone.speculative = SpeculativeConfig(method="ngram")
+    together.speculative = SpeculativeConfig(method="fused")
+    drafts, round_trips = await drafters.propose([(alone, 2), (together, 2)])
+    assert ngram.asks == suffix.asks == 1
+    assert drafts["alone"].token_ids == (5,) and set(drafts["together"].token_ids) == {5, 6}
+    assert set(round_trips) == {"ngram", "suffix", "fused"}
