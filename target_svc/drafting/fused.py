@@ -48,7 +48,8 @@ class FusedSource:
         replies = await asyncio.gather(*(member.propose(wanted) for member in self._members))
         return self.fuse(wanted, dict(zip(self.member_methods, replies)))
 
-    def fuse(self, wanted: list[tuple[Sequence, int]], replies: dict[str, dict[str, DraftTree]]) -> dict[str, DraftTree]:
+    def fuse(self, wanted: list[tuple[Sequence, int]],
+             replies: dict[str, dict[str, DraftTree]]) -> dict[str, DraftTree]:
         """The members' drafts (`replies`, by member method, then by sequence id) merged per sequence."""
         drafts = {}
         for seq, k in wanted:
