@@ -303,13 +303,15 @@ class Scheduler:
     def _add_windows(self, decoding: list[Scheduled], asked: set[str]) -> None:
         """Each asked sequence's window, if its drafter has one and what the window is expected to bring
         pays for its tokens (with DRAFT_MARGIN to spare, as a draft token must) at this step's load."""
+        windows = [(item, window) for item in decoding
+                   if item.seq.request_id in asked and (window := self._drafters.window(item.seq)) is not None
+                   and item.end + len(window) <= self._runner.max_context_length]
+        if not windows:  # most steps: no sequence's drafter has a window, and the batch need not be priced
+            return
         plain_seconds = self._cost.predict(StepShape.of([(item.seq.num_computed, 1) for item in decoding]))
         decoded_per_second = len(decoding) / max(plain_seconds, MIN_SECONDS)
-        for item in decoding:
+        for item, window in windows:
             seq = item.seq
-            window = self._drafters.window(seq) if seq.request_id in asked else None
-            if window is None or item.end + len(window) > self._runner.max_context_length:
-                continue
             seconds = sum(self._cost.token_seconds(seq.num_computed + depth) for depth in window.depths())
             if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second:
                 item.window, item.window_seconds = window, seconds

@@ -6,6 +6,7 @@ answers with fewer drafts (or none), never with an error: drafts are an optimisa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 from specd.drafts import DraftTree
@@ -49,6 +50,10 @@ class Window:
         return len(self.token_ids)
 
     def depths(self) -> list[int]:
+        return self._depths
+
+    @cached_property  # the step prices the window, then lays it out
+    def _depths(self) -> list[int]:
         return DraftTree(self.token_ids, self.parents, (1.0,) * len(self)).depths()
 
 

@@ -10,20 +10,16 @@ from target_svc.drafting.fused import FusedSource
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.sequence import Sequence
 from tests.target_svc.drafting.test_lookahead import cost_model
-from tests.target_svc.test_scheduler import bf16_scheduler, prompt_of, run_to_end, sequence
+from tests.target_svc.test_scheduler import Oracle, bf16_scheduler, prompt_of, run_to_end, sequence
 
 
-class HalfOracle:
+class HalfOracle(Oracle):
     """Knows the reference continuation on even (or odd) output positions only: alone, it drafts one right
     token a step at best; the other half's drafts are wrong."""
 
-    schema = OptionSchema("half")
-
     def __init__(self, method: str, parity: int, outputs: dict[str, list[int]]):
-        self.method, self.parity, self.outputs, self.released = method, parity, outputs, set()
-
-    async def start(self) -> None:
-        pass
+        super().__init__(outputs)
+        self.method, self.parity, self.released = method, parity, set()
 
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         drafts = {}
@@ -36,9 +32,6 @@ class HalfOracle:
 
     def release(self, sequence: Sequence) -> None:
         self.released.add(sequence.request_id)
-
-    async def close(self) -> None:
-        pass
 
 
 PROMPTS = {f"f{i}": prompt_of(70 + i, 9 + 4 * i) for i in range(3)}
