@@ -16,7 +16,8 @@ from gateway.tokenizer import Tokenizer
 from specd.health import UpstreamHealth
 from specd.rpc import balanced_channel
 from specd import defaults
-from specd.serving import Service, ServiceSpec, serve_until_signalled
+from specd.security import ApiKeyInterceptor, TlsConfig
+from specd.serving import Exposure, Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import generation_pb2, generation_pb2_grpc, target_pb2, target_pb2_grpc
 
@@ -28,11 +29,13 @@ TARGET_STARTUP_TIMEOUT_S = 60.0
 
 class GatewayService(Service):
     """The gRPC server, the OpenAI-compatible HTTP server beside it (unless http_address is None), and
-    their channel to the target; reports NOT_SERVING while the target is down."""
+    their channel to the target; reports NOT_SERVING while the target is down. Both APIs take the same
+    TLS certificate (clients need none of their own) and, if there is one, the same API key."""
 
     def __init__(self, tokenizer: Tokenizer, target_channel: grpc.aio.Channel, target_address: str,
                  model_info: target_pb2.ModelInfo, default_speculative: SpeculativeConfig, upstream_timeout_s: float,
-                 address: str, metrics_address: str | None, http_address: str | None = None):
+                 address: str, metrics_address: str | None, http_address: str | None = None, *,
+                 tls: TlsConfig | None = None, api_key: str | None = None, reflection: bool | None = None):
         self.metrics = GatewayMetrics()
         self._target_channel = target_channel
         self._target_health = UpstreamHealth(f"target at {target_address}", target_channel, self.set_serving)
@@ -41,8 +44,11 @@ class GatewayService(Service):
         spec = ServiceSpec(generation_pb2_grpc.add_GenerationServicer_to_server,
                            GenerationServicer(self.pipeline, self.metrics),
                            generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name)
-        super().__init__("gateway", [spec], address, metrics_address, self.metrics.registry)
-        self.http = HttpServer(build_app(self.pipeline, self.metrics), http_address) if http_address else None
+        exposure = Exposure(tls=tls, require_client_cert=False, reflection=reflection,
+                            interceptors=(ApiKeyInterceptor(api_key),) if api_key else ())
+        super().__init__("gateway", [spec], address, metrics_address, self.metrics.registry, exposure)
+        self.http = (HttpServer(build_app(self.pipeline, self.metrics), http_address, tls, api_key)
+                     if http_address else None)
 
     async def start(self) -> None:
         await super().start()
@@ -65,11 +71,13 @@ async def create_service(model: str, target_address: str, address: str = default
                          metrics_address: str | None = defaults.GATEWAY_METRICS_ADDRESS,
                          default_speculative: SpeculativeConfig = SpeculativeConfig(),
                          upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
-                         http_address: str | None = None) -> GatewayService:
+                         http_address: str | None = None, *, tls: TlsConfig | None = None, api_key: str | None = None,
+                         reflection: bool | None = None) -> GatewayService:
     """A gateway for `model`'s tokenizer in front of the target at `target_address`, not yet started;
-    with an HTTP API on `http_address` if one is given."""
+    with an HTTP API on `http_address` if one is given. With `tls`, both APIs are served over TLS and the
+    target is reached over mutual TLS; with `api_key`, both APIs refuse calls that do not carry it."""
     tokenizer = await asyncio.to_thread(Tokenizer.load, model)
-    channel = balanced_channel(target_address)  # over every target replica the address resolves to
+    channel = balanced_channel(target_address, tls)  # over every target replica the address resolves to
     try:
         model_info = await fetch_model_info(target_pb2_grpc.TargetStub(channel), target_address,
                                             TARGET_STARTUP_TIMEOUT_S)
@@ -79,7 +87,7 @@ async def create_service(model: str, target_address: str, address: str = default
         await channel.close()
         raise
     return GatewayService(tokenizer, channel, target_address, model_info, default_speculative, upstream_timeout_s,
-                          address, metrics_address, http_address)
+                          address, metrics_address, http_address, tls=tls, api_key=api_key, reflection=reflection)
 
 
 async def serve(model: str, target_address: str, address: str = defaults.GATEWAY_ADDRESS,
@@ -87,9 +95,10 @@ async def serve(model: str, target_address: str, address: str = defaults.GATEWAY
                 default_speculative: SpeculativeConfig = SpeculativeConfig(),
                 upstream_timeout_s: float = defaults.UPSTREAM_TIMEOUT_S,
                 http_address: str | None = defaults.GATEWAY_HTTP_ADDRESS,
-                grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
+                grace: float = defaults.SHUTDOWN_GRACE_S, **security) -> None:
+    """`security`: create_service's tls, api_key and reflection."""
     service = await create_service(model, target_address, address, metrics_address, default_speculative,
-                                   upstream_timeout_s, http_address)
+                                   upstream_timeout_s, http_address, **security)
     await serve_until_signalled(service, grace)
 
 

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 
 from specd import defaults
+from specd.rpc import MESSAGE_SIZE_OPTIONS
+from specd.security import bearer
 from specd.types import SamplingParams
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
@@ -34,14 +37,23 @@ def build_request(prompt: str | None = None, messages: list[dict[str, str]] | No
 
 
 class SpecdClient:
-    def __init__(self, address: str = defaults.GATEWAY_ADDRESS):
-        self._channel = grpc.aio.insecure_channel(address)
+    """`tls_ca`: reach the gateway over TLS, trusting this CA's certificates (PEM file); `api_key`: the
+    gateway's API key, sent with every call."""
+
+    def __init__(self, address: str = defaults.GATEWAY_ADDRESS, tls_ca: str | Path | None = None,
+                 api_key: str | None = None):
+        if tls_ca is None:
+            self._channel = grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
+        else:
+            credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+            self._channel = grpc.aio.secure_channel(address, credentials, options=MESSAGE_SIZE_OPTIONS)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._metadata = bearer(api_key) if api_key else None
 
     def generate(self, request: generation_pb2.GenerateRequest,
                  timeout: float | None = None) -> AsyncIterator[generation_pb2.GenerateResponse]:
         """Stream of chunks; the last one carries finish_reason and usage."""
-        return self._stub.Generate(request, timeout=timeout)
+        return self._stub.Generate(request, timeout=timeout, metadata=self._metadata)
 
     async def complete(self, request: generation_pb2.GenerateRequest,
                        timeout: float | None = None) -> tuple[str, list[int], generation_pb2.GenerateResponse]:

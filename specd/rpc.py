@@ -19,19 +19,20 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from specd.errors import InternalError, InvalidArgument, ResourceExhausted, Unavailable
+from specd.security import TlsConfig
 
 log = logging.getLogger(__name__)
 
 # One bound for every message in and out: far above the largest legitimate one (a prompt of a
 # 128k-token context), far below what would strain a service's memory.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-_MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+MESSAGE_SIZE_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                          ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 # A peer that stops answering (frozen, or gone without closing the socket) is noticed within
 # KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS, and every call on that connection fails UNAVAILABLE.
 KEEPALIVE_TIME_MS = 5_000
 KEEPALIVE_TIMEOUT_MS = 5_000  # also the ping timeout: without it an unanswered ping waits a minute
-CHANNEL_OPTIONS = [*_MESSAGE_SIZE_OPTIONS,
+CHANNEL_OPTIONS = [*MESSAGE_SIZE_OPTIONS,
                    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
                    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
                    ("grpc.keepalive_permit_without_calls", 1),
@@ -40,7 +41,7 @@ CHANNEL_OPTIONS = [*_MESSAGE_SIZE_OPTIONS,
                    # a restarted peer is reconnected to within seconds (gRPC's default back-off grows to 2 min)
                    ("grpc.initial_reconnect_backoff_ms", 500),
                    ("grpc.max_reconnect_backoff_ms", 5_000)]
-SERVER_OPTIONS = [*_MESSAGE_SIZE_OPTIONS,
+SERVER_OPTIONS = [*MESSAGE_SIZE_OPTIONS,
                   ("grpc.so_reuseport", 0),
                   # accept the clients' keepalive pings above (the default minimum is 5 minutes)
                   ("grpc.keepalive_permit_without_calls", 1),
@@ -55,17 +56,23 @@ BALANCED_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}
                                       "healthCheckConfig": {"serviceName": ""}})
 
 
-def insecure_channel(address: str) -> grpc.aio.Channel:
-    """A channel to another specd service, with keepalive and the message size bounds."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+def service_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    """A channel to another specd service, with keepalive and the message size bounds; over mutual TLS
+    when the calling service has a TLS identity."""
+    return _channel(address, tls, CHANNEL_OPTIONS)
 
 
-def balanced_channel(address: str) -> grpc.aio.Channel:
+def balanced_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
     """A channel to replicas any of which can answer any call, at every address `address` resolves to
     (a headless Service's `dns:///target:50052`, or `ipv4:127.0.0.1:50052,127.0.0.1:50053`): calls are
     spread round-robin over those that are serving."""
-    return grpc.aio.insecure_channel(address, options=[*CHANNEL_OPTIONS,
-                                                       ("grpc.service_config", BALANCED_SERVICE_CONFIG)])
+    return _channel(address, tls, [*CHANNEL_OPTIONS, ("grpc.service_config", BALANCED_SERVICE_CONFIG)])
+
+
+def _channel(address: str, tls: TlsConfig | None, options: list) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
 
 
 _STATUS_OF = ((InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),

@@ -1,4 +1,4 @@
-"""What every specd service shares around its servicers: the gRPC server bootstrap (health,
+"""What every specd service shares around its servicers: the gRPC server bootstrap (health, TLS,
 reflection, graceful shutdown on SIGTERM) and the Prometheus endpoint."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from specd import defaults
 from specd.rpc import SERVER_OPTIONS, UndecodableRequestInterceptor
+from specd.security import TlsConfig, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,20 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # what a liveness probe asks (the gateway is NOT_SERVING while its target is down, and restarting the
 # gateway would not bring the target back).
 LIVENESS = "liveness"
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """How a service meets its clients: TLS (mutual for internal services when there is a CA), extra
+    interceptors (the gateway's API key), and whether it answers reflection, which lists its methods
+    to anyone: by default only on loopback."""
+    tls: TlsConfig | None = None
+    require_client_cert: bool = True
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
+    reflection: bool | None = None  # None: on loopback only
+
+    def reflection_on(self, address: str) -> bool:
+        return is_loopback(address) if self.reflection is None else self.reflection
 
 
 @dataclass
@@ -38,13 +53,16 @@ class Service:
     """A started gRPC server plus its /metrics endpoint."""
 
     def __init__(self, name: str, specs: list[ServiceSpec], address: str, metrics_address: str | None,
-                 registry: CollectorRegistry):
+                 registry: CollectorRegistry, exposure: Exposure = Exposure()):
         self.name = name
         self._specs = specs
         self._address = address
         self._metrics_address = metrics_address
-        self._registry = registry
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[UndecodableRequestInterceptor()])
+        self.registry = registry
+        self.exposure = exposure
+        # The exposure's interceptors first: a call without the API key is refused before its bytes are read.
+        self.server = grpc.aio.server(options=SERVER_OPTIONS,
+                                      interceptors=[*exposure.interceptors, UndecodableRequestInterceptor()])
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -54,14 +72,23 @@ class Service:
         for spec in self._specs:
             spec.add_to_server(spec.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection([*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME],
-                                            self.server)
-        self.port = self.server.add_insecure_port(self._address)
+        if self.exposure.reflection_on(self._address):
+            reflection.enable_server_reflection([*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME],
+                                                self.server)
+        tls = self.exposure.tls
+        if tls is None:
+            self.port = self.server.add_insecure_port(self._address)
+            if not is_loopback(self._address):
+                log.warning("%s: serving plaintext on %s, reachable from other machines; give it --tls-cert and "
+                            "--tls-key (and --tls-ca for mutual TLS)", self.name, self._address)
+        else:
+            self.port = self.server.add_secure_port(
+                self._address, tls.server_credentials(self.exposure.require_client_cert))
         if self.port == 0:
             raise RuntimeError(f"{self.name}: cannot listen on {self._address}")
         if self._metrics_address:
             host, _, port = self._metrics_address.rpartition(":")
-            self._metrics_http, _ = start_http_server(int(port), addr=host or "127.0.0.1", registry=self._registry)
+            self._metrics_http, _ = start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
             self.metrics_port = self._metrics_http.server_port
         await self.server.start()
         await self.set_serving(True)

@@ -17,7 +17,7 @@ from specd.model_store import DEFAULT_MODEL
 from specd.options import Option
 from specd.types import FINISH_REASON_NAMES, SamplingParams, SpeculativeConfig
 from specd.v1 import common_pb2
-from specd_cli import top
+from specd_cli import security_flags, top
 from specd_cli.bench import cli as bench_cli
 from specd_cli.train import cli as train_cli
 from specd_cli.stack import DEFAULT_DRAFTERS, IN_TARGET_METHODS
@@ -303,6 +303,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                      help="deadline of the whole request (default: none of the client's own)")
     _add_speculative_flags(gen, deployment=False)
+    security_flags.add_client_flags(gen)
     gen.set_defaults(run=_generate)
     top.register(commands)
     bench_cli.register(commands)
@@ -327,7 +328,7 @@ async def _stream_generation(args: argparse.Namespace) -> int:
                               args.max_tokens)
     request = build_request(None if args.chat else args.prompt, messages, sampling, args.stop,
                             _speculative_overrides(args))
-    async with SpecdClient(args.gateway) as client:
+    async with SpecdClient(args.gateway, tls_ca=args.tls_ca, api_key=args.api_key) as client:
         async for chunk in client.generate(request, timeout=args.timeout):
             if args.json:
                 print(json.dumps({"text": chunk.text, "token_ids": list(chunk.token_ids),
@@ -353,6 +354,11 @@ def _print_final(chunk, as_json: bool) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        tls = security_flags.tls_of(args)
+    except ValueError as error:
+        print(f"specd: {error}", file=sys.stderr)
+        return 2
     if args.service == "target":
         from target_svc.server import TargetOptions, serve
         drafters = {method: address or None for method, _, address in (spec.partition("=") for spec in args.drafter)}
@@ -364,19 +370,21 @@ def _serve(args: argparse.Namespace) -> int:
             engine=_engine_of(args), max_num_seqs=args.max_num_seqs, max_step_tokens=args.max_step_tokens,
             max_waiting=args.max_waiting,
             default_max_tokens=args.default_max_tokens, num_threads=args.threads,
-            shutdown_grace_s=args.shutdown_grace)))
+            shutdown_grace_s=args.shutdown_grace, tls=tls, reflection=args.reflection)))
     elif args.service == "gateway":
         from gateway.server import serve
         asyncio.run(serve(model=args.model, target_address=args.target, address=args.listen,
                           metrics_address=args.metrics_listen, default_speculative=_speculative_of(args),
                           upstream_timeout_s=args.upstream_timeout, http_address=args.http_listen,
-                          grace=args.shutdown_grace))
+                          grace=args.shutdown_grace, tls=tls, api_key=args.api_key, reflection=args.reflection))
     else:
         from drafter_svc.sequences import SequenceRegistry
         from drafter_svc.server import serve
+        from specd.serving import Exposure
         sequences = SequenceRegistry(args.max_sequences, args.max_tokens_held, args.sequence_idle_timeout)
         asyncio.run(serve(method=args.method, address=args.listen, metrics_address=args.metrics_listen,
-                          sequences=sequences, grace=args.shutdown_grace, proposer_args=_proposer_args(args)))
+                          sequences=sequences, grace=args.shutdown_grace, proposer_args=_proposer_args(args),
+                          exposure=Exposure(tls=tls, reflection=args.reflection)))
     return 0
 
 

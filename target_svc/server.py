@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd import defaults
-from specd.serving import Service, ServiceSpec, serve_until_signalled
+from specd.security import TlsConfig
+from specd.serving import Exposure, Service, ServiceSpec, serve_until_signalled
 from specd.types import SpeculativeConfig
 from specd.v1 import target_pb2, target_pb2_grpc
 from target_svc.cost_model import StepCostModel
@@ -45,6 +46,8 @@ class TargetOptions:
     num_threads: int | None = None
     engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
     shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
+    tls: TlsConfig | None = None  # its server's identity, and its channels' to the drafters
+    reflection: bool | None = None  # None: on loopback only
 
 
 class TargetService(Service):
@@ -79,7 +82,8 @@ class TargetService(Service):
         self.servicer = TargetServicer(self.scheduler, info, options.default_speculative, self.metrics)
         spec = ServiceSpec(target_pb2_grpc.add_TargetServicer_to_server, self.servicer,
                            target_pb2.DESCRIPTOR.services_by_name["Target"].full_name)
-        super().__init__("target", [spec], options.address, options.metrics_address, self.metrics.registry)
+        super().__init__("target", [spec], options.address, options.metrics_address, self.metrics.registry,
+                         Exposure(tls=options.tls, reflection=options.reflection))
         self._loop_task: asyncio.Task | None = None
 
     def _report_engine(self, engine: EngineConfig) -> None:
@@ -95,7 +99,7 @@ class TargetService(Service):
     def _draft_source(self, method: str, address: str | None, options: TargetOptions) -> DraftSource:
         if address:
             return RemoteDrafter(method, address, options.drafter_timeout_s, self.metrics,
-                                 options.drafter_startup_timeout_s)
+                                 options.drafter_startup_timeout_s, options.tls)
         if method not in IN_TARGET_SOURCES:
             raise ValueError(f"no in-target proposer {method!r} (there are: {', '.join(IN_TARGET_SOURCES) or 'none'}); "
                              f"a drafter service is given as METHOD=ADDRESS")

@@ -79,3 +79,11 @@ def tiny_head(tiny_model_dir, tmp_path_factory):
     """A random EAGLE head for the tiny model: (its directory, its training module)."""
     path = tmp_path_factory.mktemp("tiny-head")
     return path, write_random_head(tiny_model_dir, path)
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory):
+    """A CA and loopback certificates for the gateway, the target and a drafter, plus a stranger's."""
+    from tests.certificates import Deployment
+
+    return Deployment.make(tmp_path_factory.mktemp("certificates"))

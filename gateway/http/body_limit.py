@@ -3,8 +3,6 @@ whole, however large. A body must declare its length (JSON clients do); beyond M
 or undeclared (chunked), the request is refused in OpenAI's error form."""
 from __future__ import annotations
 
-import json
-
 from gateway.http.errors import HttpError
 from specd.limits import MAX_HTTP_BODY_BYTES
 
@@ -20,7 +18,7 @@ class BodySizeLimit:
         if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
             error = self._refusal(dict(scope["headers"]).get(b"content-length"))
             if error is not None:
-                await _answer(send, error)
+                await error.send(send)
                 return
         await self._app(scope, receive, send)
 
@@ -31,9 +29,3 @@ class BodySizeLimit:
             return HttpError(413, f"body: at most {self._max_bytes} bytes, got {declared.decode(errors='replace')}")
         return None
 
-
-async def _answer(send, error: HttpError) -> None:
-    body = json.dumps(error.body()).encode()
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})

@@ -2,6 +2,8 @@
 with the field named as the HTTP request names it (`temperature`, not `sampling.temperature`)."""
 from __future__ import annotations
 
+import json
+
 import grpc
 from fastapi.responses import JSONResponse
 
@@ -17,7 +19,8 @@ HTTP_STATUS_OF = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
-ERROR_TYPE_OF = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+ERROR_TYPE_OF = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 429: "rate_limit_error"}
 
 # specd's field paths (gRPC API) -> OpenAI's, by prefix; the longest prefix first.
 _FIELD_PREFIXES = (("speculative.options", "speculative_config"), ("speculative.", "speculative_config."),
@@ -60,3 +63,11 @@ class HttpError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
+
+    async def send(self, send) -> None:
+        """Answer with this error straight over ASGI, from a middleware in front of the app."""
+        body = json.dumps(self.body()).encode()
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

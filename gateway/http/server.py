@@ -8,7 +8,9 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.http.api_key import ApiKeyCheck
 from gateway.http.body_limit import BodySizeLimit
+from specd.security import TlsConfig
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -20,9 +22,14 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 class HttpServer:
-    def __init__(self, app: FastAPI, address: str):
+    """The app on `address`, over TLS with `tls`'s certificate, refusing /v1 requests without `api_key`
+    when there is one."""
+
+    def __init__(self, app: FastAPI, address: str, tls: TlsConfig | None = None, api_key: str | None = None):
         self._app = app
         self._address = address
+        self._tls = tls
+        self._api_key = api_key
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task | None = None
         self.port: int | None = None
@@ -37,7 +44,11 @@ class HttpServer:
         except OSError as error:
             raise RuntimeError(f"gateway HTTP: cannot listen on {self._address}: {error}") from error
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(BodySizeLimit(self._app), log_level="warning", access_log=False, lifespan="off")
+        app = BodySizeLimit(self._app)
+        if self._api_key:  # outermost: a request without the key is refused before anything else
+            app = ApiKeyCheck(app, self._api_key)
+        tls = dict(ssl_certfile=self._tls.cert_file, ssl_keyfile=self._tls.key_file) if self._tls else {}
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **tls)
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -49,7 +60,7 @@ class HttpServer:
     @property
     def url(self) -> str:
         host = self._address.rpartition(":")[0] or "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{host}:{self.port}"
 
     async def stop(self, grace: float) -> None:
         """Refuse new connections; in-flight streams get `grace` seconds."""

@@ -18,7 +18,8 @@ from engine.features import to_bytes
 from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_FEATURE_BYTES, MAX_PROPOSE_SEQUENCES,
                           MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES)
 from specd.options import OptionSchema, options_to_pb
-from specd.rpc import insecure_channel
+from specd.rpc import service_channel
+from specd.security import TlsConfig
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 from target_svc.metrics import TargetMetrics
 from target_svc.sequence import Sequence
@@ -45,13 +46,13 @@ class RemoteDrafter:
     """One drafter service; remembers how many of each sequence's tokens it has been told."""
 
     def __init__(self, method: str, address: str, timeout_s: float, metrics: TargetMetrics,
-                 startup_timeout_s: float = 10.0):
+                 startup_timeout_s: float = 10.0, tls: TlsConfig | None = None):
         self.method = method
         self.address = address
         self._timeout_s = timeout_s
         self._startup_timeout_s = startup_timeout_s
         self._metrics = metrics
-        self._channel = insecure_channel(address)
+        self._channel = service_channel(address, tls)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._stream: grpc.aio.StreamStreamCall | None = None  # asks go here, one message each way per step
         self._schema: OptionSchema | None = None

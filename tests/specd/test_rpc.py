@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from specd.errors import InvalidArgument
-from specd.rpc import RpcMetrics, balanced_channel, insecure_channel, invalid_utf8_field, rpc_handler
+from specd.rpc import RpcMetrics, balanced_channel, invalid_utf8_field, rpc_handler, service_channel
 from specd.serving import Service, ServiceSpec
 from specd.v1 import drafter_pb2, drafter_pb2_grpc, generation_pb2, generation_pb2_grpc
 
@@ -55,7 +55,7 @@ async def service():
 
 @pytest.fixture
 async def channel(service):
-    async with insecure_channel(service.grpc_address) as channel:
+    async with service_channel(service.grpc_address) as channel:
         yield channel
 
 
