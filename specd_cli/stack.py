@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specd import defaults
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd.ports import free_ports
+from specd.security import TlsConfig
 from target_svc.drafting.registry import IN_TARGET_SOURCES
 
 # Seconds before restarting a service that exited, growing while it keeps exiting; one that has
@@ -185,7 +186,8 @@ class Stack:
 def wait_serving(name: str, address: str, process: subprocess.Popen, deadline: float) -> None:
     """Until the service `process` runs at `address` reports SERVING; RuntimeError if it exits first,
     TimeoutError past `deadline` (time.monotonic())."""
-    with grpc.insecure_channel(address) as channel:
+    tls = TlsConfig.from_env()  # the services' own, from the environment they inherit
+    with (grpc.secure_channel(address, tls.channel_credentials()) if tls else grpc.insecure_channel(address)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if process.poll() is not None:

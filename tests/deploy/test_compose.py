@@ -182,3 +182,16 @@ def test_in_flight_streams_get_their_shutdown_grace_before_compose_kills_the_con
     for name, args in specd_services.items():
         period = compose["services"][name]["stop_grace_period"]
         assert period.endswith("s") and args.shutdown_grace < float(period[:-1]), name
+
+
+def test_grafana_has_no_default_password_and_no_anonymous_viewers_unless_asked(compose):
+    environment = compose["services"]["grafana"]["environment"]
+    assert environment["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")  # compose refuses to start
+    assert environment["GF_AUTH_ANONYMOUS_ENABLED"] == "${GRAFANA_ANONYMOUS:-false}"
+
+
+def test_the_gateway_takes_its_api_key_from_the_environment_and_keeps_the_services_settings(compose):
+    environment = compose["services"]["gateway"]["environment"]
+    assert environment["SPECD_API_KEY"] == "${SPECD_API_KEY:-}"
+    assert environment["PROMETHEUS_DISABLE_CREATED_SERIES"] == compose["services"]["target"]["environment"][
+        "PROMETHEUS_DISABLE_CREATED_SERIES"]

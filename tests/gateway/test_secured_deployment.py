@@ -1,6 +1,7 @@
 """A deployment with its security on, as beyond loopback: mutual TLS between the gateway, the target
 and a drafter, TLS and an API key on the gateway's gRPC and HTTP APIs. Real services on loopback (the
 tiny random model in the target), with certificates made for the test run."""
+import logging
 import ssl
 
 import grpc
@@ -98,3 +99,17 @@ async def test_the_http_api_is_served_over_tls_and_wants_the_bearer_key(deployme
                                            "max_tokens": 4, "temperature": 0})
     assert completion.status_code == 200
     assert completion.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_neither_the_prompt_nor_the_api_key_reaches_the_logs(deployment, certificates, caplog):
+    gateway, _, _ = deployment
+    prompt = "my secret recipe: four eggs, one cup of flour"
+    caplog.set_level(logging.DEBUG)
+    async with SpecdClient(gateway.grpc_address, tls_ca=certificates.ca_file, api_key=API_KEY) as client:
+        await client.complete(build_request(prompt, sampling=SamplingParams(max_tokens=4)), timeout=60)
+    async with SpecdClient(gateway.grpc_address, tls_ca=certificates.ca_file, api_key="a-wrong-key") as client:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await client.complete(build_request(prompt), timeout=10)
+    assert caplog.records  # the services did log, at DEBUG
+    assert not [r.getMessage() for r in caplog.records
+                if "secret recipe" in r.getMessage() or API_KEY in r.getMessage() or "a-wrong-key" in r.getMessage()]
