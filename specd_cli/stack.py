@@ -187,7 +187,8 @@ def wait_serving(name: str, address: str, process: subprocess.Popen, deadline: f
     """Until the service `process` runs at `address` reports SERVING; RuntimeError if it exits first,
     TimeoutError past `deadline` (time.monotonic())."""
     tls = TlsConfig.from_env()  # the services' own, from the environment they inherit
-    with (grpc.secure_channel(address, tls.channel_credentials()) if tls else grpc.insecure_channel(address)) as channel:
+    channel = grpc.secure_channel(address, tls.channel_credentials()) if tls else grpc.insecure_channel(address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if process.poll() is not None:

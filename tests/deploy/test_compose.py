@@ -186,7 +186,8 @@ def test_in_flight_streams_get_their_shutdown_grace_before_compose_kills_the_con
 
 def test_grafana_has_no_default_password_and_no_anonymous_viewers_unless_asked(compose):
     environment = compose["services"]["grafana"]["environment"]
-    assert environment["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")  # compose refuses to start
+    # ":?": compose refuses to start without it
+    assert environment["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
     assert environment["GF_AUTH_ANONYMOUS_ENABLED"] == "${GRAFANA_ANONYMOUS:-false}"
 
 
