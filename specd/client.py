@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from specd import defaults
-from specd.rpc import MESSAGE_SIZE_OPTIONS
+from specd.rpc import CHANNEL_OPTIONS
 from specd.security import bearer
 from specd.types import SamplingParams
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc
@@ -38,15 +38,16 @@ def build_request(prompt: str | None = None, messages: list[dict[str, str]] | No
 
 class SpecdClient:
     """`tls_ca`: reach the gateway over TLS, trusting this CA's certificates (PEM file); `api_key`: the
-    gateway's API key, sent with every call."""
+    gateway's API key, sent with every call. Its channel has the services' keepalive: a gateway that stops
+    answering ends the calls in flight with UNAVAILABLE within seconds, deadline or not."""
 
     def __init__(self, address: str = defaults.GATEWAY_ADDRESS, tls_ca: str | Path | None = None,
                  api_key: str | None = None):
-        if tls_ca is None:
-            self._channel = grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
+        if not tls_ca:
+            self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         else:
             credentials = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
-            self._channel = grpc.aio.secure_channel(address, credentials, options=MESSAGE_SIZE_OPTIONS)
+            self._channel = grpc.aio.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
         self._stub = generation_pb2_grpc.GenerationStub(self._channel)
         self._metadata = bearer(api_key) if api_key else None
 

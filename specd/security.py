@@ -49,7 +49,7 @@ class TlsConfig:
 
     @classmethod
     def from_env(cls) -> TlsConfig | None:
-        return cls.of(os.environ.get(TLS_CERT_ENV), os.environ.get(TLS_KEY_ENV), os.environ.get(TLS_CA_ENV))
+        return cls.of(*(os.environ.get(name) or None for name in (TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV)))
 
     def _read(self) -> tuple[bytes, bytes, bytes | None]:
         return (self.cert_file.read_bytes(), self.key_file.read_bytes(),

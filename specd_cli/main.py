@@ -239,6 +239,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--shutdown-grace", type=float, default=defaults.SHUTDOWN_GRACE_S, metavar="SECONDS",
                          help="after SIGTERM, how long in-flight streams may run before they are cut "
                               f"(default {defaults.SHUTDOWN_GRACE_S:g}; the deployment files allow 15 s in all)")
+        security_flags.add_service_flags(sub, public=name == "gateway")
     target, gateway, drafter = (services.choices[n] for n in ("target", "gateway", "drafter"))
     for sub in (target, gateway):
         sub.add_argument("--model", default=DEFAULT_MODEL,

@@ -44,3 +44,24 @@ def test_specd_up_hands_the_draft_model_flags_to_its_model_drafters_only():
     drafter = parser.parse_args(stack.command("drafter-draft_model")[3:])  # past `python -m specd_cli.main`
     assert _proposer_args(drafter) == {"model": "some-model", "num_layers": 8, "device": "auto", "dtype": "bfloat16",
                                        "kv_cache_tokens": 65536, "num_threads": None}
+
+
+def test_every_service_takes_its_tls_identity_and_the_gateway_its_api_key_from_the_environment(monkeypatch):
+    from specd_cli.main import _build_parser
+    monkeypatch.setenv("SPECD_TLS_CERT", "/certs/svc.pem")
+    monkeypatch.setenv("SPECD_TLS_KEY", "/certs/svc.key")
+    monkeypatch.setenv("SPECD_TLS_CA", "")  # set but empty: not given
+    monkeypatch.setenv("SPECD_API_KEY", "k")
+    parser = _build_parser()
+    for service in ("gateway", "target", "drafter"):
+        args = parser.parse_args(["serve", service])
+        assert (args.tls_cert, args.tls_key, args.tls_ca, args.reflection) == \
+            ("/certs/svc.pem", "/certs/svc.key", None, None)
+    assert parser.parse_args(["serve", "gateway"]).api_key == "k"
+    assert not hasattr(parser.parse_args(["serve", "target"]), "api_key")  # only the public gateway has one
+
+
+def test_a_service_given_half_a_tls_identity_exits_naming_the_flag():
+    result = _specd_without_the_bench_extra("serve", "drafter", "--tls-cert", "/nonexistent.pem")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "specd: --tls-cert and --tls-key: give both, or neither"
