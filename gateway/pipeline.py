@@ -24,6 +24,10 @@ from specd.v1 import common_pb2, generation_pb2, target_pb2, target_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# What gRPC says when a call's own deadline passes; a DEADLINE_EXCEEDED the target sends says why itself
+# (a step stuck past its --step-timeout).
+_DEADLINE_PASSED = "Deadline Exceeded"
+
 
 class UpstreamError(Exception):
     """The target ended the request with a status; the edges pass it on (INVALID_ARGUMENT stays
@@ -34,7 +38,7 @@ class UpstreamError(Exception):
         details = error.details() or ""
         if self.code == grpc.StatusCode.UNAVAILABLE:
             details = f"target service unavailable: {details}"
-        elif self.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        elif self.code == grpc.StatusCode.DEADLINE_EXCEEDED and details == _DEADLINE_PASSED:
             details = ("the request did not finish within its deadline (the client's, or the gateway's "
                        "--upstream-timeout)")
         super().__init__(details)

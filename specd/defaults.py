@@ -28,3 +28,7 @@ DRAFTER_IDLE_TIMEOUT_S = 300.0
 # and the most requests queued for admission before new ones get RESOURCE_EXHAUSTED.
 MAX_STEP_TOKENS = 2048
 MAX_WAITING = 1024
+# Target: a step's forward and verification still running after this long is stuck (a deadlock, a hung
+# device): its requests and those waiting get DEADLINE_EXCEEDED and the target reports NOT_SERVING until
+# it ends. Far above a real step (a full --max-step-tokens prefill on a small CPU takes seconds).
+STEP_TIMEOUT_S = 30.0

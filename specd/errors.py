@@ -27,3 +27,7 @@ def check_length(field_name: str, value, most: int, unit: str = "items") -> None
 
 class InternalError(RuntimeError):
     """Something failed inside the server for this request only; its message is safe to show."""
+
+
+class DeadlineExceeded(RuntimeError):
+    """The server could not answer in time (the target stuck in a step); its message is safe to show."""

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.unknown_fields import UnknownFieldSet
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from specd.errors import InternalError, InvalidArgument, ResourceExhausted, Unavailable
+from specd.errors import DeadlineExceeded, InternalError, InvalidArgument, ResourceExhausted, Unavailable
 from specd.security import TlsConfig
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ def _channel(address: str, tls: TlsConfig | None, options: list) -> grpc.aio.Cha
 _STATUS_OF = ((InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
               (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
               (Unavailable, grpc.StatusCode.UNAVAILABLE),
-              (InternalError, grpc.StatusCode.INTERNAL))
+              (InternalError, grpc.StatusCode.INTERNAL),
+              (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED))
 
 
 def status_of(error: Exception) -> grpc.StatusCode | None:

@@ -253,6 +253,10 @@ def _build_parser() -> argparse.ArgumentParser:
     target.add_argument("--drafter-startup-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long to wait at start for a drafter to describe its options; one still down "
                              "then is served draft-free, its options unchecked, until it answers (default 10)")
+    target.add_argument("--step-timeout", type=float, default=defaults.STEP_TIMEOUT_S, metavar="SECONDS",
+                        help="a step (forward and verification) running longer is stuck: the requests waiting on "
+                             "it get DEADLINE_EXCEEDED and health says NOT_SERVING until it ends "
+                             f"(default {defaults.STEP_TIMEOUT_S:g})")
     _add_engine_flags(target)
     _add_scheduler_flags(target)
     target.add_argument("--default-max-tokens", type=int, default=256,
@@ -369,7 +373,7 @@ def _serve(args: argparse.Namespace) -> int:
             drafter_startup_timeout_s=args.drafter_startup_timeout,
             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gib=args.kv_cache_memory,
             engine=_engine_of(args), max_num_seqs=args.max_num_seqs, max_step_tokens=args.max_step_tokens,
-            max_waiting=args.max_waiting,
+            max_waiting=args.max_waiting, step_timeout_s=args.step_timeout,
             default_max_tokens=args.default_max_tokens, num_threads=args.threads,
             shutdown_grace_s=args.shutdown_grace, tls=tls, reflection=args.reflection)))
     elif args.service == "gateway":

@@ -61,6 +61,10 @@ class TargetMetrics:
             "specd_realized_step_seconds_total", registry=r)
         self.realized_step_seconds = Counter("specd_realized_step_seconds", "Seconds the steps took (forward "
                                              "and verification)", registry=r)
+        self.step_stuck = Gauge("specd_step_stuck",
+                                "1 while a step has run over --step-timeout (the target reports NOT_SERVING and "
+                                "fails the requests waiting on it with DEADLINE_EXCEEDED), else 0", registry=r)
+        self.stuck_steps = Counter("specd_stuck_steps", "Steps that ran over --step-timeout", registry=r)
         self.step_cost = Gauge("specd_step_cost_seconds",
                                "The fitted step cost model: seconds fixed, per new token and per token "
                                "of the sequences' lengths", ["term"], registry=r)

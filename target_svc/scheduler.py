@@ -8,7 +8,8 @@ taken as sequences grow; when a step's decodes do not fit, their drafts go
 first, then the newest sequences are preempted (blocks freed, recomputed from
 their tokens later, the output unchanged). Model compute runs on a worker
 thread, never on the event loop. An error that belongs to one sequence fails
-that sequence only.
+that sequence only; a step stuck on the worker thread fails the requests
+waiting on it with DEADLINE_EXCEEDED.
 """
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import torch
 
 from specd import defaults
 from specd.drafts import ROOT, DraftTree
-from specd.errors import InternalError, ResourceExhausted
+from specd.errors import DeadlineExceeded, InternalError, ResourceExhausted, Unavailable
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.base import Window
 from target_svc.drafting.drafters import Drafters
@@ -133,7 +135,9 @@ class Scheduled:
 class Scheduler:
     def __init__(self, runner: ModelRunner, compute_thread: ThreadPoolExecutor, drafters: Drafters,
                  metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = defaults.MAX_STEP_TOKENS,
-                 cost_model: StepCostModel | None = None, max_waiting: int = defaults.MAX_WAITING):
+                 cost_model: StepCostModel | None = None, max_waiting: int = defaults.MAX_WAITING,
+                 step_timeout_s: float = defaults.STEP_TIMEOUT_S,
+                 report_serving: Callable[[bool], Awaitable[None]] | None = None):
         if max_step_tokens < max_num_seqs:
             raise ValueError(f"max_step_tokens ({max_step_tokens}) must be at least max_num_seqs ({max_num_seqs}): "
                              "every running sequence decodes at least one token a step")
@@ -144,6 +148,9 @@ class Scheduler:
         self._max_num_seqs = max_num_seqs
         self._max_step_tokens = max_step_tokens
         self._max_waiting = max_waiting
+        self._step_timeout_s = step_timeout_s
+        self._report_serving = report_serving  # told False while a step is stuck, True when it ends
+        self._stuck = False
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: the newest last, preempted first
         self._wake = asyncio.Event()
@@ -160,6 +167,9 @@ class Scheduler:
     # -- requests -------------------------------------------------------------
 
     def submit(self, seq: Sequence) -> None:
+        if self._stuck:
+            raise Unavailable(f"the target is stuck: a step has run over --step-timeout "
+                              f"({self._step_timeout_s:g} s); retry later")
         if self._blocks_needed(seq) > self._runner.allocator.num_blocks:
             raise ResourceExhausted(f"prompt_token_ids: {len(seq.prompt)} prompt tokens + {seq.max_tokens} max tokens "
                                     f"need more KV cache than the server has "
@@ -208,7 +218,7 @@ class Scheduler:
         plan = self._plan(decodes, drafts, asked_ids)
         if not plan:
             return
-        outcomes = await asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
+        outcomes = await self._compute(plan)
         for method, group in asking.items():  # each asked sequence that verified, with what its draft gained the batch
             method_ids = {s.request_id for s, _ in group}
             verified = [(item, outcome) for item, outcome in zip(plan, outcomes)
@@ -392,6 +402,37 @@ class Scheduler:
         return self._runner.allocator.blocks_needed(item.seq.request_id, item.end)
 
     # -- running a step ------------------------------------------------------------
+
+    async def _compute(self, plan: list[Scheduled]) -> list[VerifyResult | Exception | None]:
+        """The step's `_run_batch` on the compute thread, watched: still running after step_timeout_s, it is
+        stuck (a deadlock, a hung device), and the requests waiting on it are failed with DEADLINE_EXCEEDED
+        rather than left to wait without end; the target is not serving until the step ends."""
+        computing = asyncio.get_running_loop().run_in_executor(self._compute_thread, self._run_batch, plan)
+        started = time.perf_counter()
+        done, _ = await asyncio.wait([computing], timeout=self._step_timeout_s)
+        if not done:
+            await self._set_stuck(True)
+            await asyncio.wait([computing])
+            log.warning("the stuck step ended after %.1f s; serving again", time.perf_counter() - started)
+            await self._set_stuck(False)
+        return computing.result()
+
+    async def _set_stuck(self, stuck: bool) -> None:
+        self._stuck = stuck
+        self._metrics.step_stuck.set(int(stuck))
+        if stuck:
+            self._metrics.stuck_steps.inc()
+            waiting = [seq for seq in [*self._running, *self._waiting] if not seq.aborted]
+            log.error("a step has run over --step-timeout (%g s): the target is stuck; failing the %d requests "
+                      "waiting on it with DEADLINE_EXCEEDED and reporting NOT_SERVING until it ends",
+                      self._step_timeout_s, len(waiting))
+            for seq in waiting:  # dropped at the next step boundary, once the stuck step lets go of their KV
+                seq.outputs.put_nowait(DeadlineExceeded(
+                    f"the target did not answer in time: a step has run over --step-timeout "
+                    f"({self._step_timeout_s:g} s)"))
+                seq.aborted = True
+        if self._report_serving is not None:
+            await self._report_serving(not stuck)
 
     def _run_batch(self, plan: list[Scheduled]) -> list[VerifyResult | Exception | None]:
         """Worker thread: the step's forward and verification (None for a prompt chunk with more to

@@ -42,6 +42,7 @@ class TargetOptions:
     max_num_seqs: int = 64
     max_step_tokens: int = defaults.MAX_STEP_TOKENS
     max_waiting: int = defaults.MAX_WAITING
+    step_timeout_s: float = defaults.STEP_TIMEOUT_S  # a step running longer is stuck: NOT_SERVING until it ends
     default_max_tokens: int = 256
     num_threads: int | None = None
     engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
@@ -75,7 +76,8 @@ class TargetService(Service):
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
                                    max_num_seqs=options.max_num_seqs, max_step_tokens=options.max_step_tokens,
-                                   cost_model=cost_model, max_waiting=options.max_waiting)
+                                   cost_model=cost_model, max_waiting=options.max_waiting,
+                                   step_timeout_s=options.step_timeout_s, report_serving=self.set_serving)
         info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
                                     vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
                                     default_max_tokens=options.default_max_tokens)

@@ -75,6 +75,43 @@ async def test_concurrent_requests_get_the_same_tokens_as_alone(stub):
     assert [t for t, _ in together] == alone
 
 
+async def test_a_step_that_raises_for_one_of_several_streams_fails_that_stream_alone(stub, target, monkeypatch):
+    """Under load: once one sequence has decoded a few tokens, every forward it is in raises. Its client gets
+    INTERNAL with a reason and no Python internals; the others get what they get without the fault; every KV
+    block comes back."""
+    prompts = [REPETITIVE_PROMPT, [1, 2, 3, 4], list(range(40, 90)), list(range(100, 130))]
+    poisoned = [11, 12, 13, 14, 15]
+    alone = [(await _generate(stub, _request(p)))[0] for p in prompts]
+    forward, failed_batches = target.runner.forward, []
+
+    def faulty_forward(inputs):
+        ids = {s.request_id for s in target.scheduler._running if s.prompt == poisoned}
+        if any(i.seq_id in ids and i.start_position > len(poisoned) + 2 for i in inputs):
+            failed_batches.append(len(inputs))
+            raise RuntimeError("injected fault: CUDA error: device-side assert triggered")
+        return forward(inputs)
+
+    monkeypatch.setattr(target.runner, "forward", faulty_forward)
+
+    async def tokens_or_error(prompt):
+        tokens = []
+        try:
+            async for chunk in stub.Generate(_request(prompt)):
+                tokens.extend(chunk.token_ids)
+        except grpc.aio.AioRpcError as error:
+            return tokens, error
+        return tokens, None
+
+    *others, (poisoned_tokens, error) = await asyncio.gather(*map(tokens_or_error, [*prompts, poisoned]))
+    assert others == [(tokens, None) for tokens in alone]
+    assert poisoned_tokens  # it failed mid-stream,
+    assert max(failed_batches) > 1  # in a step it shared
+    assert error.code() == grpc.StatusCode.INTERNAL
+    assert error.details() == "internal error in the decoding step"
+    assert target.metrics.registry.get_sample_value("specd_requests_finished_total", {"reason": "error"}) == 1
+    assert target.runner.allocator.num_free_blocks == target.runner.allocator.num_blocks
+
+
 async def test_seeded_sampling_is_reproducible(stub):
     request = _request(temperature=0.8, top_p=0.9, seed=1234)
     first, _ = await _generate(stub, request)
