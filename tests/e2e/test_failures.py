@@ -21,6 +21,7 @@ from specd_cli.stack import Stack, StackPorts
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Repeat after me three times: the quick brown fox jumps over the lazy dog."
+LONG_ANSWER = "Write a long story, with many chapters, about a quick brown fox and a lazy dog."
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +139,29 @@ async def test_a_release_lost_while_the_drafter_was_frozen_reaches_it_later(stac
     assert await eventually(lambda: _value_is(stack, "drafter-ngram", "specd_drafter_sequences", 0), 20)
 
 
-async def test_a_target_that_dies_is_restarted_and_the_stack_serves_again(stack):
+async def test_a_target_killed_mid_stream_ends_every_stream_unavailable_at_once_and_is_restarted(stack):
+    """SIGKILL under load: the dead process's sockets close, so every stream ends at once (no keepalive wait),
+    UNAVAILABLE naming the target and why (its connection closed); the supervisor restarts the target and the
+    stack serves again."""
     dead = stack.processes["target"]
-    dead.kill()
+    async with SpecdClient(stack.address("gateway")) as client:
+        calls = [client.generate(build_request(messages=[{"role": "user", "content": LONG_ANSWER}],
+                                               sampling=SamplingParams(max_tokens=2000),
+                                               speculative=common_pb2.SpeculativeConfig(method=method)))
+                 for method in ("none", "ngram", "suffix", "none")]  # no deadline of their own
+        for call in calls:
+            await call.read()
+        dead.kill()
+        killed = time.monotonic()
+        ended = await asyncio.wait_for(asyncio.gather(*map(_failure_of, calls)), timeout=60)
+    print(f"killed -> UNAVAILABLE in {[round(at - killed, 2) for _, at in ended]} s: {ended[0][0].details()!r}")
+    for error, at in ended:
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.details().startswith("target service unavailable:")
+        assert at - killed < 5
     assert await eventually(lambda: _is_restarted(stack, dead), 15)
-    assert await eventually(lambda: _is(stack, "gateway", health_pb2.HealthCheckResponse.SERVING), 120)
+    # The new target loads and profiles its model first: tens of seconds, minutes on a busy machine.
+    assert await eventually(lambda: _is(stack, "gateway", health_pb2.HealthCheckResponse.SERVING), 300)
     _, tokens, _ = await complete(stack, chat_request(max_tokens=8))
     assert len(tokens) == 8
 
@@ -150,6 +169,13 @@ async def test_a_target_that_dies_is_restarted_and_the_stack_serves_again(stack)
 async def _drain(call) -> None:
     while await call.read() is not grpc.aio.EOF:
         pass
+
+
+async def _failure_of(call) -> tuple[grpc.aio.AioRpcError, float]:
+    """How and when a stream failed."""
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await _drain(call)
+    return error.value, time.monotonic()
 
 
 async def _is(stack, service: str, status: int) -> bool:
