@@ -48,6 +48,15 @@ class FeaturesUpdate:
         return cls(pb.start_position, pb.hidden_size, pb.dtype, pb.data)
 
 
+def check_token_ids(field_name: str, token_ids, vocab_size: int) -> None:
+    """Every id in `token_ids` is in the vocabulary, 0..vocab_size-1; else InvalidArgument naming the first
+    one outside it."""
+    if token_ids and not (0 <= min(token_ids) and max(token_ids) < vocab_size):
+        index, token_id = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab_size)
+        raise InvalidArgument(f"{field_name}[{index}]",
+                              f"token id {token_id} is outside the vocabulary (0..{vocab_size - 1})")
+
+
 @dataclass(frozen=True)
 class SequenceUpdate:
     """Committed tokens from `start_position` on, as the target last saw them."""
@@ -58,7 +67,8 @@ class SequenceUpdate:
     features: FeaturesUpdate | None = None  # to drafters that draft from the target's features
 
     @classmethod
-    def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str) -> SequenceUpdate:
+    def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str, vocab_size: int) -> SequenceUpdate:
+        """The update, checked: its token ids in 0..vocab_size-1 (the target's vocabulary) among the rest."""
         if not pb.sequence_id:
             raise InvalidArgument(f"{field_prefix}.sequence_id", "must not be empty")
         check_length(f"{field_prefix}.sequence_id", pb.sequence_id, MAX_SEQUENCE_ID_CHARS, "characters")
@@ -68,6 +78,7 @@ class SequenceUpdate:
             raise InvalidArgument(f"{field_prefix}.appended_token_ids",
                                   f"a sequence holds at most {MAX_DRAFTER_SEQUENCE_TOKENS} tokens, this one would "
                                   f"hold {pb.start_position + len(pb.appended_token_ids)}")
+        check_token_ids(f"{field_prefix}.appended_token_ids", pb.appended_token_ids, vocab_size)
         if pb.start_position == 0 and not 0 <= pb.prompt_length <= len(pb.appended_token_ids):
             raise InvalidArgument(f"{field_prefix}.prompt_length", f"must be in 0..{len(pb.appended_token_ids)} "
                                   f"(the tokens sent), got {pb.prompt_length}")

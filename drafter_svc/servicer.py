@@ -155,13 +155,15 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def _parse_updates(self, request: drafter_pb2.ProposeRequest) -> list[Entry]:
         """Every entry, validated before any state changes, so a bad request leaves no trace."""
         check_length("sequences", request.sequences, MAX_PROPOSE_SEQUENCES)
+        if request.vocab_size <= 0:
+            raise InvalidArgument("vocab_size", f"must be > 0 (the target's vocabulary size), got {request.vocab_size}")
         total = sum(len(pb.appended_token_ids) for pb in request.sequences)
         if total > MAX_PROPOSE_TOKENS:
             raise InvalidArgument("sequences", f"at most {MAX_PROPOSE_TOKENS} appended_token_ids in all, got {total}")
         parsed, seen = [], set()
         for i, pb in enumerate(request.sequences):
             field = f"sequences[{i}]"
-            update = SequenceUpdate.from_pb(pb, field)
+            update = SequenceUpdate.from_pb(pb, field, request.vocab_size)
             if update.features is not None and not self._proposer.schema.wants_features:
                 update = replace(update, features=None)  # nothing here would ever take them in
             if update.sequence_id in seen:

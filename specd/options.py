@@ -102,7 +102,16 @@ def options_from_pb(pb: struct_pb2.Struct, field_prefix: str = "speculative.opti
     for name in pb.fields:
         if len(name) > MAX_OPTION_CHARS:
             raise InvalidArgument(field_prefix, f"option names have at most {MAX_OPTION_CHARS} characters")
-    return MessageToDict(pb)
+    return {name: _plain_value_of(value, f"{field_prefix}.{name}") for name, value in pb.fields.items()}
+
+
+def _plain_value_of(value: struct_pb2.Value, field_name: str) -> Any:
+    """An option's value as it came: None, a number (a float, as in JSON; NaN and infinities too, for the
+    schema to refuse by name), a bool or a string. No option takes a list or a struct."""
+    kind = value.WhichOneof("kind")
+    if kind in ("list_value", "struct_value"):
+        raise InvalidArgument(field_name, f"must be a number, a bool or a string, not a {kind.removesuffix('_value')}")
+    return None if kind in (None, "null_value") else getattr(value, kind)
 
 
 def options_to_pb(options: Mapping[str, OptionValue]) -> struct_pb2.Struct:

@@ -55,6 +55,7 @@ class RemoteDrafter:
         self._channel = service_channel(address, tls)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._stream: grpc.aio.StreamStreamCall | None = None  # asks go here, one message each way per step
+        self.vocab_size = 0  # the target's, sent with every ask (the drafter checks token ids by it): Drafters sets it
         self._schema: OptionSchema | None = None
         self._synced: dict[str, int] = {}
         self._synced_features: dict[str, int] = {}  # features the drafter holds, for methods that want them
@@ -105,7 +106,7 @@ class RemoteDrafter:
             update = self._update(seq, k, feature_bytes)
             feature_bytes -= len(update.features.data)
             updates.append(update)
-        request = drafter_pb2.ProposeRequest(sequences=updates)
+        request = drafter_pb2.ProposeRequest(sequences=updates, vocab_size=self.vocab_size)
         started = time.perf_counter()
         try:
             response = await asyncio.wait_for(self._exchange(request), self._timeout_s)

@@ -20,6 +20,7 @@ from specd.types import MAX_SPECULATIVE_TOKENS
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
 LOOPING_PROMPT = [11, 12, 13, 14, 15, 16] * 4  # the lookup always finds a match in it
+VOCAB_SIZE = 49152  # the target's, sent with every ask
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -59,7 +60,7 @@ def update(sequence_id, start, tokens, draft_params=None):
 
 
 async def propose(stub, *updates):
-    return (await stub.Propose(drafter_pb2.ProposeRequest(sequences=updates))).drafts
+    return (await stub.Propose(drafter_pb2.ProposeRequest(sequences=updates, vocab_size=VOCAB_SIZE))).drafts
 
 
 async def test_drafts_every_sequence_of_the_batch_in_request_order(stub):
@@ -93,7 +94,7 @@ async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(
     stream = stub.ProposeStream()
     answers = []
     for updates in steps:
-        await stream.write(drafter_pb2.ProposeRequest(sequences=updates))
+        await stream.write(drafter_pb2.ProposeRequest(sequences=updates, vocab_size=VOCAB_SIZE))
         answers.append(list((await stream.read()).drafts))
     await stream.done_writing()
     assert await stream.read() is grpc.aio.EOF
@@ -104,7 +105,8 @@ async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(
 async def test_an_invalid_request_ends_the_propose_stream_naming_the_field(stub):
     stream = stub.ProposeStream()
     too_many = params(k=MAX_SPECULATIVE_TOKENS + 1)
-    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, too_many)]))
+    await stream.write(drafter_pb2.ProposeRequest(sequences=[update("ok", 0, LOOPING_PROMPT, too_many)],
+                                                  vocab_size=VOCAB_SIZE))
     with pytest.raises(grpc.aio.AioRpcError) as error:
         await stream.read()
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -145,6 +147,8 @@ async def test_release_forgets_sequences(stub):
     pytest.param(update("x", -1, [1]), "sequences[1].start_position", id="negative-start"),
     pytest.param(update("", 0, [1]), "sequences[1].sequence_id", id="empty-id"),
     pytest.param(update("ok", 0, [1]), "sequences[1].sequence_id", id="same-id-twice"),
+    pytest.param(update("x", 0, [1, VOCAB_SIZE]), "sequences[1].appended_token_ids[1]", id="token-past-vocab"),
+    pytest.param(update("x", 0, [-1]), "sequences[1].appended_token_ids[0]", id="negative-token"),
 ])
 async def test_invalid_entries_are_rejected_naming_the_field(stub, bad_entry, field):
     with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -171,6 +175,15 @@ async def test_every_size_is_bounded(stub, request_of, field):
         await propose(stub, *request_of())
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith(field + ":")
+
+
+@pytest.mark.parametrize("vocab_size", [0, -5])
+async def test_an_ask_without_the_vocabulary_size_is_refused(stub, vocab_size):
+    """Token ids are checked against the target's vocabulary, so an ask must say how large it is."""
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await stub.Propose(drafter_pb2.ProposeRequest(sequences=[update("s", 0, [1])], vocab_size=vocab_size))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith("vocab_size:")
 
 
 async def test_release_of_too_many_sequences_is_refused(stub):
