@@ -139,6 +139,27 @@ async def test_a_release_lost_while_the_drafter_was_frozen_reaches_it_later(stac
     assert await eventually(lambda: _value_is(stack, "drafter-ngram", "specd_drafter_sequences", 0), 20)
 
 
+async def test_a_frozen_gateway_ends_the_clients_stream_unavailable_and_nothing_stays_held_once_it_thaws(stack):
+    """SpecdClient's keepalive notices a gateway that stops answering (a stream with no deadline would
+    otherwise wait forever); once the gateway runs again it cancels the orphaned upstream call."""
+    gateway = stack.processes["gateway"]
+    async with SpecdClient(stack.address("gateway")) as client:
+        in_flight = client.generate(chat_request(max_tokens=2000, method="none"))  # no deadline of its own
+        await in_flight.read()
+        gateway.send_signal(signal.SIGSTOP)
+        try:
+            frozen = time.monotonic()
+            error, ended = await asyncio.wait_for(_failure_of(in_flight), timeout=60)
+        finally:
+            gateway.send_signal(signal.SIGCONT)
+    print(f"gateway frozen -> {error.code().name} in {ended - frozen:.1f} s: {error.details()!r}")
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert ended - frozen < 20  # keepalive: a ping every 5 s, 5 s to answer it
+    assert await eventually(lambda: _value_is(stack, "target", "specd_kv_cache_blocks_used", 0), 30)
+    _, tokens, _ = await complete(stack, chat_request(max_tokens=8))
+    assert len(tokens) == 8
+
+
 async def test_a_target_killed_mid_stream_ends_every_stream_unavailable_at_once_and_is_restarted(stack):
     """SIGKILL under load: the dead process's sockets close, so every stream ends at once (no keepalive wait),
     UNAVAILABLE naming the target and why (its connection closed); the supervisor restarts the target and the
