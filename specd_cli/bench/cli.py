@@ -19,6 +19,7 @@ from specd_cli.bench.errors import BenchError
 from specd_cli.bench.gateway_requests import PROTOCOLS
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
 from specd_cli.bench.records import BASELINE_SYSTEMS
+from specd_cli.soak import cli as soak_cli
 
 BENCH_EXTRA = ("matplotlib", "tqdm")  # what `pip install 'specd[bench]'` adds for plots and progress bars
 
@@ -122,6 +123,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                              help="requests per method and concurrency, drawn from the prompt set (default 64)")
     serve_flags.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     serve.set_defaults(run=run_serve)
+    soak_cli.register(kinds)
 
 
 def run_spec(args: argparse.Namespace) -> int:
