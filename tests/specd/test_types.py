@@ -5,8 +5,9 @@ import pytest
 
 from specd.client import speculative_config
 from specd.errors import InvalidArgument
-from specd.options import options_from_pb
-from specd.types import SamplingParams
+from specd.options import Option, OptionSchema, options_from_pb
+from specd.types import SamplingParams, SpeculativeConfig
+from specd.v1 import common_pb2
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1e-40, 9e-6])
@@ -36,3 +37,15 @@ def test_the_client_builds_speculative_settings_in_vllms_flat_form():
     pb = speculative_config("ngram", 4, prompt_lookup_max=3)
     assert (pb.method, pb.num_speculative_tokens, options_from_pb(pb.options)) == ("ngram", 4, {"prompt_lookup_max": 3})
     assert not speculative_config().HasField("num_speculative_tokens")  # left to the deployment
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1, 2], {"nested": 1}])
+@pytest.mark.parametrize("known", [True, False], ids=["declared-options", "options-not-known-yet"])
+def test_an_option_that_is_no_finite_number_bool_or_string_is_refused_naming_it(value, known):
+    """Found by tests/fuzz: a NaN or an infinity once failed the request as INTERNAL (turning it into JSON)."""
+    schema = OptionSchema("ngram", (Option("prompt_lookup_min", "int", 2, minimum=1),), known=known)
+    request = common_pb2.SpeculativeConfig(method="ngram")
+    request.options.update({"prompt_lookup_min": value})
+    with pytest.raises(InvalidArgument) as error:
+        SpeculativeConfig().resolve(request, {"ngram": schema})
+    assert error.value.field == "speculative.options.prompt_lookup_min"
