@@ -28,6 +28,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
                       help=f"the measured part, after the warm-up (default {DEFAULTS.duration_s:g})")
     soak.add_argument("--warm-up", type=float, default=DEFAULTS.warm_up_s, metavar="SECONDS",
                       help=f"the same load before the memory baseline (default {DEFAULTS.warm_up_s:g})")
+    soak.add_argument("--warm-up-requests", type=int, default=DEFAULTS.warm_up_requests_per_client, metavar="N",
+                      help="and until N requests per client have completed "
+                           f"(default {DEFAULTS.warm_up_requests_per_client})")
     soak.add_argument("--kill", default=DEFAULTS.kill, metavar="SERVICE",
                       help=f"the service to SIGKILL, '' for none (default {DEFAULTS.kill})")
     soak.add_argument("--kill-at", type=float, default=None, metavar="SECONDS",
@@ -55,8 +58,10 @@ def run_soak(args: argparse.Namespace) -> int:
     from specd_cli.soak.driver import soak, supervised
     from specd_cli.stack import Stack, StackPorts
 
-    settings = SoakSettings(args.clients, args.warm_up, args.duration, args.kill or None, args.kill_at,
-                            args.storm_streams, args.storm_at, args.max_tokens, rss_tolerance=args.rss_tolerance,
+    settings = SoakSettings(clients=args.clients, warm_up_s=args.warm_up,
+                            warm_up_requests_per_client=args.warm_up_requests, duration_s=args.duration,
+                            kill=args.kill or None, kill_at_s=args.kill_at, storm_streams=args.storm_streams,
+                            storm_at_s=args.storm_at, max_tokens=args.max_tokens, rss_tolerance=args.rss_tolerance,
                             seed=args.seed)
     prompts = load_spec_bench(args.prompts)
     stack = Stack(model=args.model, ports=StackPorts.free(), threads=args.threads)

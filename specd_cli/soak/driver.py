@@ -24,6 +24,9 @@ from specd_cli.stack import Stack
 class SoakSettings:
     clients: int = 16
     warm_up_s: float = 30.0  # the same load, a storm too, before the memory baseline: first-use growth is no leak
+    # And at least this many requests per client completed in the warm-up: how much a process allocates before
+    # it levels off depends on the steps it has run (their shapes), not on seconds; a busy machine runs fewer.
+    warm_up_requests_per_client: int = 4
     duration_s: float = 120.0  # the measured part, after the warm-up
     kill: str | None = "drafter-ngram"  # the service SIGKILLed, or None
     kill_at_s: float | None = None  # into the measured part; None: a third of the way in
@@ -84,6 +87,11 @@ async def soak(stack: Stack, settings: SoakSettings, prompts: list[Prompt], meth
         return lambda: chaos.storm(stack, mix, random.Random(seed), settings.storm_streams, outcomes, since_began(),
                                    settings.request_timeout_s)
 
+    async def warmed_up() -> None:
+        await asyncio.sleep(settings.warm_up_s)
+        while outcomes.completed < settings.warm_up_requests_per_client * settings.clients:
+            await asyncio.sleep(0.5)
+
     async def after(seconds: float, fault) -> chaos.ChaosEvent:
         await asyncio.sleep(seconds)
         return await fault()
@@ -95,7 +103,7 @@ async def soak(stack: Stack, settings: SoakSettings, prompts: list[Prompt], meth
         # A storm in the warm-up too: the memory its peak takes (buffers of the largest steps, which the
         # allocator keeps) is then in the baseline, and the measured storm is a repeat, as a leak's is not.
         warm_up = [after(0, storm(settings.seed - 1))] if settings.storm_streams else []
-        events = [event for event in await asyncio.gather(asyncio.sleep(settings.warm_up_s), *warm_up) if event]
+        events = [event for event in await asyncio.gather(warmed_up(), *warm_up) if event]
         measured_from_s = since_began()
         baseline = sample_rss(stack, measured_from_s)
         faults = []

@@ -106,6 +106,9 @@ class SoakReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "lost_total": self.outcomes.lost_total,
+        # asdict would rebuild the Counter of lost requests from its items, counting (code, n) pairs
+        outcomes = {"completed": self.outcomes.completed, "cancelled": self.outcomes.cancelled,
+                    "lost": dict(self.outcomes.lost)}
+        return {**asdict(self), "outcomes": outcomes, "lost_total": self.outcomes.lost_total,
                 "rss": [{**asdict(row), "growth": row.growth, "rss_growth": row.rss_growth} for row in self.rss()],
                 "failures": self.failures()}

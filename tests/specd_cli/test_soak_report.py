@@ -1,5 +1,7 @@
 """What a soak's report concludes from what it measured: which processes' memory it compares against which
 baseline, and when the stack did not hold."""
+import json
+
 import pytest
 
 from specd_cli.soak.chaos import ChaosEvent
@@ -60,3 +62,9 @@ def test_the_soak_fails_on_a_lost_request_memory_moving_past_the_tolerance_or_wo
     assert failures == ["2 requests lost: UNAVAILABLE", "drafter-suffix RssAnon moved +10.0% (more than 5%)",
                         "target specd_kv_cache_blocks_used still 3 60 s after the load"]
     assert "FAILED" in _report(grown).text()
+
+
+def test_the_report_is_written_as_json_with_its_lost_requests_by_code():
+    written = json.loads(json.dumps(_report(STEADY, lost={"DEADLINE_EXCEEDED": 3}).to_json()))
+    assert written["outcomes"] == {"completed": 100, "cancelled": 40, "lost": {"DEADLINE_EXCEEDED": 3}}
+    assert written["failures"] == ["3 requests lost: DEADLINE_EXCEEDED"]
