@@ -27,6 +27,7 @@ async def target(tiny_model_dir, drafter):
     service = TargetService(TargetOptions(
         model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None,
         drafters={"ngram": drafter.grpc_address}, kv_cache_tokens=2048, default_max_tokens=32,
+        drafter_timeout_s=5.0,  # drafts are what these tests check: a busy machine must not time them out
         default_speculative=SpeculativeConfig(method="ngram", num_speculative_tokens=8, options={"prompt_lookup_min": 1})))
     await service.start()
     yield service

@@ -42,7 +42,8 @@ async def stub(registered, tiny_model_dir):
     await drafter.start()
     target = TargetService(TargetOptions(
         model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None, kv_cache_tokens=2048,
-        drafters={"repeat-last": drafter.grpc_address}, default_speculative=SpeculativeConfig(method="repeat-last")))
+        drafters={"repeat-last": drafter.grpc_address}, default_speculative=SpeculativeConfig(method="repeat-last"),
+        drafter_timeout_s=5.0))  # its drafts are what is checked: a busy machine must not time them out
     await target.start()
     async with grpc.aio.insecure_channel(target.grpc_address) as channel:
         yield target_pb2_grpc.TargetStub(channel)
