@@ -100,7 +100,7 @@ class TargetService(Service):
 
     def _draft_source(self, method: str, address: str | None, options: TargetOptions) -> DraftSource:
         if address:
-            return RemoteDrafter(method, address, options.drafter_timeout_s, self.metrics,
+            return RemoteDrafter(method, address, self.runner.vocab_size, options.drafter_timeout_s, self.metrics,
                                  options.drafter_startup_timeout_s, options.tls)
         if method not in IN_TARGET_SOURCES:
             raise ValueError(f"no in-target proposer {method!r} (there are: {', '.join(IN_TARGET_SOURCES) or 'none'}); "

@@ -11,7 +11,6 @@ from specd.types import NONE_SCHEMA
 from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser, MethodRecord
 from target_svc.drafting.base import DraftSource, Window, WindowSource
 from target_svc.drafting.fused import FUSED_METHOD, FusedSource
-from target_svc.drafting.remote import RemoteDrafter
 from target_svc.sequence import Sequence
 
 
@@ -19,9 +18,6 @@ class Drafters:
     def __init__(self, sources: list[DraftSource], vocab_size: int):
         self._sources = {source.method: source for source in sources}
         self._vocab_size = vocab_size
-        for source in sources:
-            if isinstance(source, RemoteDrafter):  # tells its drafter service the vocabulary with each ask
-                source.vocab_size = vocab_size
         self._auto_record = MethodRecord()  # what each drafter has gained `auto` sequences so far
 
     async def start(self) -> None:

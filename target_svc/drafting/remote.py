@@ -45,7 +45,7 @@ def _failure_code(error: Exception) -> str:
 class RemoteDrafter:
     """One drafter service; remembers how many of each sequence's tokens it has been told."""
 
-    def __init__(self, method: str, address: str, timeout_s: float, metrics: TargetMetrics,
+    def __init__(self, method: str, address: str, vocab_size: int, timeout_s: float, metrics: TargetMetrics,
                  startup_timeout_s: float = 10.0, tls: TlsConfig | None = None):
         self.method = method
         self.address = address
@@ -55,7 +55,7 @@ class RemoteDrafter:
         self._channel = service_channel(address, tls)
         self._stub = drafter_pb2_grpc.DrafterStub(self._channel)
         self._stream: grpc.aio.StreamStreamCall | None = None  # asks go here, one message each way per step
-        self.vocab_size = 0  # the target's, sent with every ask (the drafter checks token ids by it): Drafters sets it
+        self.vocab_size = vocab_size  # the target's, sent with every ask: the drafter checks token ids by it
         self._schema: OptionSchema | None = None
         self._synced: dict[str, int] = {}
         self._synced_features: dict[str, int] = {}  # features the drafter holds, for methods that want them

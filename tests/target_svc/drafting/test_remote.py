@@ -34,8 +34,7 @@ def address() -> str:
 
 @pytest.fixture
 async def client(address):
-    client = RemoteDrafter("ngram", address, timeout_s=2.0, metrics=TargetMetrics())
-    client.vocab_size = 49152  # as Drafters tells it the target's
+    client = RemoteDrafter("ngram", address, vocab_size=49152, timeout_s=2.0, metrics=TargetMetrics())
     yield client
     await client.close()
 
