@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specd.model_store import DEFAULT_MODEL
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
-from specd_cli.soak.driver import SoakSettings
+from specd_cli.soak.settings import SoakSettings
 
 DEFAULTS = SoakSettings()
 

@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from specd_cli.soak.chaos import ChaosEvent
 from specd_cli.soak.clients import Outcomes
 from specd_cli.soak.probes import IdleCheck, RssSample, role_of
-
-if TYPE_CHECKING:
-    from specd_cli.soak.driver import SoakSettings
+from specd_cli.soak.settings import SoakSettings
 
 MIB = 1 << 20
 # Resident memory must stay flat in these roles' processes: they hold state per sequence.

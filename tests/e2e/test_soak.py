@@ -7,7 +7,8 @@ import pytest
 
 from specd_cli.bench.deployment import served_methods
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH, load_spec_bench
-from specd_cli.soak.driver import SoakSettings, soak, supervised
+from specd_cli.soak.driver import soak, supervised
+from specd_cli.soak.settings import SoakSettings
 from specd_cli.stack import Stack, StackPorts
 
 # The timeout is for a machine busy with other work, where everything is many times slower: nothing here

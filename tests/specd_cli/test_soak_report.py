@@ -6,7 +6,7 @@ import pytest
 
 from specd_cli.soak.chaos import ChaosEvent
 from specd_cli.soak.clients import Outcomes
-from specd_cli.soak.driver import SoakSettings
+from specd_cli.soak.settings import SoakSettings
 from specd_cli.soak.probes import IdleCheck, RssSample
 from specd_cli.soak.report import SoakReport
 
