@@ -58,6 +58,9 @@ class RemoteDrafter:
         self.vocab_size = vocab_size  # the target's, sent with every ask: the drafter checks token ids by it
         self._schema: OptionSchema | None = None
         self._synced: dict[str, int] = {}
+        # Every sequence an update has been sent for, answered or not (a late answer may still have reached the
+        # drafter): each is released when it finishes.
+        self._told: set[str] = set()
         self._synced_features: dict[str, int] = {}  # features the drafter holds, for methods that want them
         self._sending_features: dict[str, int] = {}  # what they will be once the pending ask is answered
         # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
@@ -107,6 +110,7 @@ class RemoteDrafter:
             feature_bytes -= len(update.features.data)
             updates.append(update)
         request = drafter_pb2.ProposeRequest(sequences=updates, vocab_size=self.vocab_size)
+        self._told.update(seq.request_id for seq, _ in wanted)
         started = time.perf_counter()
         try:
             response = await asyncio.wait_for(self._exchange(request), self._timeout_s)
@@ -180,9 +184,11 @@ class RemoteDrafter:
             return {}
         drafts = {}
         for (seq, k), pb in zip(wanted, response.drafts):
+            sent_features = self._sending_features.pop(seq.request_id, 0)
+            if seq.request_id not in self._told:  # it finished while this ask was out; its release is on its way
+                continue
             # Only after a successful reply do we know the drafter holds every token (and feature sent).
             self._synced[seq.request_id] = 0 if pb.resync_needed else len(seq.tokens)
-            sent_features = self._sending_features.pop(seq.request_id, 0)
             self._synced_features[seq.request_id] = 0 if pb.resync_needed else sent_features
             draft = DraftTree.from_pb(pb)
             try:
@@ -196,8 +202,10 @@ class RemoteDrafter:
     def release(self, sequence: Sequence) -> None:
         """Tell the drafter the sequence finished, in the background, retrying until it has heard
         (a drafter that restarted meanwhile holds nothing: telling it is harmless)."""
-        self._synced_features.pop(sequence.request_id, None)
-        if self._synced.pop(sequence.request_id, None) is not None:
+        for held in (self._synced_features, self._sending_features, self._synced):
+            held.pop(sequence.request_id, None)
+        if sequence.request_id in self._told:
+            self._told.discard(sequence.request_id)
             self._unreleased.add(sequence.request_id)
         if self._unreleased and (self._release_task is None or self._release_task.done()):
             self._release_task = asyncio.get_running_loop().create_task(self._release_until_heard())
