@@ -13,7 +13,7 @@ from specd.client import SpecdClient
 from specd_cli.bench.prompts import Prompt
 from specd_cli.soak import chaos
 from specd_cli.soak.clients import Outcomes, run_client
-from specd_cli.soak.probes import sample_rss, wait_idle
+from specd_cli.soak.probes import sample_rss, typical_rss, wait_idle
 from specd_cli.soak.report import SoakReport
 from specd_cli.soak.settings import SoakSettings
 from specd_cli.soak.request_mix import RequestMix
@@ -74,7 +74,7 @@ async def soak(stack: Stack, settings: SoakSettings, prompts: list[Prompt], meth
         warm_up = [after(0, storm(settings.seed - 1))] if settings.storm_streams else []
         events = [event for event in await asyncio.gather(warmed_up(), *warm_up) if event]
         measured_from_s = since_began()
-        baseline = sample_rss(stack, measured_from_s)
+        baseline = await typical_rss(stack, since_began)
         faults = []
         if settings.kill:
             faults.append(after(settings.kill_time_s, lambda: chaos.kill_and_await_restart(
@@ -83,7 +83,7 @@ async def soak(stack: Stack, settings: SoakSettings, prompts: list[Prompt], meth
             faults.append(after(settings.storm_time_s, storm(settings.seed - 2)))
         measured_chaos = asyncio.gather(*faults)
         await asyncio.sleep(settings.duration_s)
-        end = sample_rss(stack, since_began())
+        end = await typical_rss(stack, since_began)
         stop.set()
         await asyncio.gather(*clients)
         events += await measured_chaos

@@ -69,6 +69,19 @@ def sample_rss(stack: Stack, at_s: float) -> list[RssSample]:
     return samples
 
 
+async def typical_rss(stack: Stack, since_began, samples: int = 5, every_s: float = 1.0) -> list[RssSample]:
+    """Each live process's median sample (by RssAnon) of `samples` taken `every_s` apart: one instant under
+    load also holds the buffers of the step running then (a step's logits alone are ~0.2 MiB a row), which
+    moved a target's single samples by 2-4% from one instant to another."""
+    taken: dict[int, list[RssSample]] = {}
+    for i in range(samples):
+        if i:
+            await asyncio.sleep(every_s)
+        for sample in sample_rss(stack, since_began()):
+            taken.setdefault(sample.pid, []).append(sample)
+    return [sorted(series, key=lambda s: s.anon_bytes)[len(series) // 2] for series in taken.values()]
+
+
 def gauge(url: str, name: str) -> float:
     """The value of an unlabelled gauge in a Prometheus text scrape of `url`."""
     with urllib.request.urlopen(url, timeout=5) as response:
