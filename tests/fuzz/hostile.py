@@ -144,9 +144,16 @@ def channel_to(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=[*CHANNEL_OPTIONS, ("grpc.max_send_message_length", 64 * 2**20)])
 
 
-def raw_method(channel: grpc.Channel, path: str, kind: str):
-    """A method called with bytes as they are (none of the client's serialization)."""
-    return getattr(channel, kind)(path, request_serializer=None, response_deserializer=None)
+def send_raw(channel: grpc.Channel, path: str, kind: str, raw: bytes) -> None:
+    """Call a method of any kind with bytes as they are (none of the client's serialization), reading a
+    few answers of a stream; raises the call's grpc.RpcError."""
+    call = getattr(channel, kind)(path, request_serializer=None, response_deserializer=None)
+    if kind == "stream_stream":
+        read_some(call(iter([raw])))
+    elif kind == "unary_stream":
+        read_some(call(raw))
+    else:
+        call(raw)
 
 
 def assert_clear(error: grpc.RpcError, request: Descriptor, raw: bool = False) -> None:
