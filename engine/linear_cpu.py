@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
+import os
 import time
 from typing import Callable
 
@@ -51,6 +52,13 @@ Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # Plans hold one choice per bucket; a row count goes to the smallest bucket at least as large.
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_SHARED_ROWS = 128  # rows of different sequences per matmul call: what `rows_independent` checks
+# oneDNN and ideep (torch's layer over it) each cache one primitive per call shape, 1,024 by default, and an
+# entry holds a buffer of the call's input besides (~0.3 MB + rows x K x 4 bytes on this project's AMD EPYC).
+# A server's steps go through every row count up to its token budget, so at that default the two grew the
+# target by hundreds of MB over a 10-minute soak. 32 shapes hold a step's (a few weight shapes for every
+# layer); a miss costs ~0.4 ms once per weight shape per step, which did not show in 138 ms steps of 40
+# row counts in turn (benchmarks/onednn_cache.py).
+ONEDNN_CACHE_SHAPES = 32
 
 
 def shared_runs(start: int, stop: int) -> list[slice]:
@@ -72,9 +80,18 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
 
+def bound_onednn_caches(shapes: int = ONEDNN_CACHE_SHAPES) -> None:
+    """Caps oneDNN's primitive cache and ideep's at `shapes` entries each, unless the environment sets them.
+    Both read their capacity once, on the first oneDNN call of the process: this must run before it."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(shapes))
+    os.environ.setdefault("LRU_CACHE_CAPACITY", str(shapes))
+
+
 @functools.cache
 def onednn_available() -> bool:
-    """Whether this torch build runs `onednn_linear`; probed once, on the first call (never at import)."""
+    """Whether this torch build runs `onednn_linear`; probed once, on the first call (never at import),
+    which is this module's first oneDNN call: its caches are bounded first."""
+    bound_onednn_caches()
     try:
         onednn_linear(torch.ones(9, 2), torch.ones(3, 2))
     except (AttributeError, RuntimeError):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from engine.linear_cpu import SPECD_BF16, PACKED, ROW_BUCKETS, LinearPlan, formulations
+from engine.linear_cpu import SPECD_BF16, PACKED, ROW_BUCKETS, LinearPlan, formulations, onednn_available
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -90,9 +90,35 @@ def test_importing_the_engine_runs_no_probe():
              "assert m.onednn_available.cache_info().currsize == 0, 'probed at import'\n"
              "m.LinearPlan.measure([torch.ones(3, 2)], repeats=1)\n"
              "assert m.onednn_available.cache_info().currsize == 1, 'measuring did not probe'\n")
-    repo_root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", check], env=_subprocess_env(), check=True, timeout=120)
+
+
+def test_onednn_caches_stop_growing_at_their_bound():
+    # oneDNN caches a primitive and an input-sized buffer per call shape: 480 more row counts unbounded
+    # would add ~500 MB; 32 shapes of up to 512 rows hold well under 100.
+    check = ("import torch, engine.linear_cpu as m\n"
+             "assert m.onednn_available(), 'no oneDNN'\n"
+             "def anon_mib():\n"
+             "    line = next(l for l in open('/proc/self/status') if l.startswith('RssAnon'))\n"
+             "    return int(line.split()[1]) // 1024\n"
+             "weight = torch.randn(576, 576)\n"
+             "def call_rows(counts):\n"
+             "    for rows in counts:\n"
+             "        m.onednn_linear(torch.randn(rows, 576), weight)\n"
+             "call_rows(range(1, m.ONEDNN_CACHE_SHAPES + 1))\n"
+             "full = anon_mib()\n"
+             "call_rows(range(m.ONEDNN_CACHE_SHAPES + 1, 513))\n"
+             "assert anon_mib() - full < 100, (full, anon_mib())\n")
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    env = {key: value for key, value in _subprocess_env().items()
+           if key not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
     subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=120)
+
+
+def _subprocess_env() -> dict[str, str]:
+    repo_root = Path(__file__).resolve().parents[2]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])}
 
 
 def random_matrix(rows: int, cols: int, seed: int) -> torch.Tensor:
