@@ -11,6 +11,7 @@ import grpc
 
 from drafter_svc.proposers.registry import PROPOSERS
 from drafter_svc.proposers.suffix import MAX_CACHED_REQUESTS
+from drafter_svc.proposers.trie import MAX_TRIE_NODES
 from specd import defaults
 from specd.client import SpecdClient, build_request
 from specd.model_store import DEFAULT_MODEL
@@ -188,6 +189,8 @@ def _proposer_args(args: argparse.Namespace) -> dict:
     """The served method's own settings from the drafter's flags."""
     if args.method == "suffix":
         return {"max_cached_requests": args.max_cached_requests}
+    if args.method == "trie":
+        return {"max_nodes": args.max_trie_nodes}
     engine = {"device": args.device, "dtype": args.dtype, "kv_cache_tokens": args.kv_cache_tokens,
               "num_threads": args.threads}
     if args.method == "draft_model":
@@ -274,6 +277,9 @@ def _build_parser() -> argparse.ArgumentParser:
     drafter.add_argument("--max-cached-requests", type=int, default=MAX_CACHED_REQUESTS,
                          help="suffix: finished requests whose outputs the global suffix tree keeps, newest first; "
                               f"0 turns it off (default {MAX_CACHED_REQUESTS})")
+    drafter.add_argument("--max-trie-nodes", type=int, default=MAX_TRIE_NODES,
+                         help="trie: nodes the global trie keeps; past them its rarely used branches go "
+                              f"(default {MAX_TRIE_NODES})")
     drafter.add_argument("--model", default=DEFAULT_MODEL,
                          help="model drafters: the target's model, name, .gguf file or directory "
                               f"(default {DEFAULT_MODEL})")

@@ -85,6 +85,7 @@ class Stack:
     threads: int | None = None
     extra_target_args: list[str] = field(default_factory=list)
     model_drafter_args: list[str] = field(default_factory=list)  # engine and draft-model flags of model drafters
+    drafter_args: dict[str, list[str]] = field(default_factory=dict)  # by method: that drafter's own flags
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)
 
@@ -115,9 +116,10 @@ class Stack:
         threads = ["--threads", str(self.threads)] if self.threads else []
         if role == "drafter":
             method = service.removeprefix("drafter-")
+            own = self.drafter_args.get(method, [])
             if method in MODEL_DRAFTER_METHODS:
-                return [*base, "--method", method, "--model", self.model, *threads, *self.model_drafter_args]
-            return [*base, "--method", method]
+                return [*base, "--method", method, "--model", self.model, *threads, *self.model_drafter_args, *own]
+            return [*base, "--method", method, *own]
         if service == "target":
             drafters = [arg for m in self.drafters for arg in
                         ("--drafter", m if m in IN_TARGET_METHODS else f"{m}={self.address(drafter_service(m))}")]

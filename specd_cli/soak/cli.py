@@ -43,6 +43,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
                       help=f"a request asks for a quarter of this up to this (default {DEFAULTS.max_tokens})")
     soak.add_argument("--rss-tolerance", type=float, default=DEFAULTS.rss_tolerance, metavar="FRACTION",
                       help=f"most change of resident memory, up or down (default {DEFAULTS.rss_tolerance:g})")
+    soak.add_argument("--suffix-cached-requests", type=int, default=DEFAULTS.suffix_cached_requests, metavar="N",
+                      help="the suffix drafter's --max-cached-requests: a bound the warm-up reaches, so that its "
+                           f"memory must be flat after it (default {DEFAULTS.suffix_cached_requests})")
+    soak.add_argument("--trie-nodes", type=int, default=DEFAULTS.trie_nodes, metavar="N",
+                      help=f"the trie drafter's --max-trie-nodes, likewise (default {DEFAULTS.trie_nodes})")
     soak.add_argument("--prompts", type=Path, default=DEFAULT_SPEC_BENCH,
                       help="Spec-Bench JSONL (default: the shipped question.jsonl)")
     soak.add_argument("--model", default=DEFAULT_MODEL, help=f"(default {DEFAULT_MODEL})")
@@ -55,16 +60,16 @@ def register(kinds: argparse._SubParsersAction) -> None:
 def run_soak(args: argparse.Namespace) -> int:
     from specd_cli.bench.deployment import served_methods
     from specd_cli.bench.prompts import load_spec_bench
-    from specd_cli.soak.driver import soak, supervised
-    from specd_cli.stack import Stack, StackPorts
+    from specd_cli.soak.driver import soak, soak_stack, supervised
 
     settings = SoakSettings(clients=args.clients, warm_up_s=args.warm_up,
                             warm_up_requests_per_client=args.warm_up_requests, duration_s=args.duration,
                             kill=args.kill or None, kill_at_s=args.kill_at, storm_streams=args.storm_streams,
                             storm_at_s=args.storm_at, max_tokens=args.max_tokens, rss_tolerance=args.rss_tolerance,
-                            seed=args.seed)
+                            seed=args.seed, suffix_cached_requests=args.suffix_cached_requests,
+                            trie_nodes=args.trie_nodes)
     prompts = load_spec_bench(args.prompts)
-    stack = Stack(model=args.model, ports=StackPorts.free(), threads=args.threads)
+    stack = soak_stack(settings, model=args.model, threads=args.threads)
     if settings.kill and settings.kill not in stack.services:
         print(f"specd bench soak: no service {settings.kill} (there are: {', '.join(stack.services)})", file=sys.stderr)
         return 2

@@ -17,7 +17,12 @@ from specd_cli.soak.probes import sample_rss, typical_rss, wait_idle
 from specd_cli.soak.report import SoakReport
 from specd_cli.soak.settings import SoakSettings
 from specd_cli.soak.request_mix import RequestMix
-from specd_cli.stack import Stack
+from specd_cli.stack import Stack, StackPorts
+
+
+def soak_stack(settings: SoakSettings, **stack_settings) -> Stack:
+    """The stack a soak runs: `specd up`'s, on free ports, the learning drafters at the soak's bounds."""
+    return Stack(ports=StackPorts.free(), drafter_args=settings.drafter_args(), **stack_settings)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,16 @@ class SoakSettings:
     sample_every_s: float = 5.0
     rss_tolerance: float = 0.05  # the most a process's resident memory may move over the measured part
     seed: int = 0
+    # The drafters that learn across requests grow until their bounds, by design, and at their defaults
+    # (10,000 requests' outputs, 1,000,000 trie nodes) far past a soak's requests. A soak runs them with bounds
+    # its warm-up reaches, so that flat memory after it says the bounds hold.
+    suffix_cached_requests: int = 32
+    trie_nodes: int = 20_000
+
+    def drafter_args(self) -> dict[str, list[str]]:
+        """The learning drafters' flags for their bounds, by method (`Stack.drafter_args`)."""
+        return {"suffix": ["--max-cached-requests", str(self.suffix_cached_requests)],
+                "trie": ["--max-trie-nodes", str(self.trie_nodes)]}
 
     @property
     def kill_time_s(self) -> float:

@@ -7,9 +7,8 @@ import pytest
 
 from specd_cli.bench.deployment import served_methods
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH, load_spec_bench
-from specd_cli.soak.driver import soak, supervised
+from specd_cli.soak.driver import soak, soak_stack, supervised
 from specd_cli.soak.settings import SoakSettings
-from specd_cli.stack import Stack, StackPorts
 
 # The timeout is for a machine busy with other work, where everything is many times slower: nothing here
 # asserts on speed. On two idle cores the module takes about three and a half minutes.
@@ -21,9 +20,8 @@ CLIENTS = 16
 WARM_UP_S = 20.0
 DURATION_S = 45.0
 # The suffix drafter: its chaos is the worst (it loses the tree it learned from past requests), and the memory
-# left to check is that of the n-gram drafter, which keeps nothing across requests and so must stay flat, and of
-# the trie drafter, which learns more slowly (both learning drafters grow until their bounds, far past a soak's
-# requests: docs/soak.md).
+# left to check is that of the n-gram drafter, which keeps nothing across requests, and of the trie drafter,
+# which learns across them up to a bound the soak sets low enough for its warm-up to reach (docs/soak.md).
 KILLED = "drafter-suffix"
 STORM_STREAMS = 40
 # The target's memory levels off after some 4-6 requests per client (it rose 6% after a warm-up of 20 s on a
@@ -36,7 +34,7 @@ SETTINGS = SoakSettings(clients=CLIENTS, warm_up_s=WARM_UP_S, warm_up_requests_p
 @pytest.fixture(scope="module")
 def report():
     """One soak, which every test here reads. A stack of its own: the chaos must not reach other modules."""
-    with supervised(Stack(ports=StackPorts.free(), threads=2)) as stack:
+    with supervised(soak_stack(SETTINGS, threads=2)) as stack:
         methods = served_methods(stack.address("target"))
         yield asyncio.run(soak(stack, SETTINGS, load_spec_bench(DEFAULT_SPEC_BENCH), methods))
 

@@ -46,6 +46,17 @@ def test_specd_up_hands_the_draft_model_flags_to_its_model_drafters_only():
                                        "kv_cache_tokens": 65536, "num_threads": None}
 
 
+def test_a_soak_runs_the_learning_drafters_at_bounds_its_warm_up_reaches():
+    from specd_cli.main import _build_parser, _proposer_args
+    from specd_cli.soak.driver import soak_stack
+    from specd_cli.soak.settings import SoakSettings
+    stack = soak_stack(SoakSettings(suffix_cached_requests=5, trie_nodes=700))
+    parser = _build_parser()
+    bounds = {method: _proposer_args(parser.parse_args(stack.command(f"drafter-{method}")[3:]))
+              for method in ("suffix", "trie", "ngram")}
+    assert bounds == {"suffix": {"max_cached_requests": 5}, "trie": {"max_nodes": 700}, "ngram": {}}
+
+
 def test_every_service_takes_its_tls_identity_and_the_gateway_its_api_key_from_the_environment(monkeypatch):
     from specd_cli.main import _build_parser
     monkeypatch.setenv("SPECD_TLS_CERT", "/certs/svc.pem")
