@@ -106,10 +106,11 @@ def test_every_service_restarts_and_has_a_health_check(compose):
         assert service["healthcheck"]["test"][0] == "CMD", name
 
 
-def test_specd_health_checks_ask_their_own_grpc_port(compose, specd_services):
+def test_specd_health_checks_ask_their_own_grpc_port_by_their_service_name(compose, specd_services):
+    # The name is the one a certificate of the service carries, when SPECD_TLS_* turn TLS on.
     for name, args in specd_services.items():
         check = compose["services"][name]["healthcheck"]["test"]
-        assert check == ["CMD", "specd-healthcheck", f"127.0.0.1:{_host_port(args.listen)[1]}"], name
+        assert check == ["CMD", "specd-healthcheck", f"127.0.0.1:{_host_port(args.listen)[1]}", name], name
 
 
 def test_services_that_need_another_wait_until_it_is_healthy(compose, by_role):
