@@ -18,7 +18,7 @@ class TargetMetrics:
         self.requests_waiting = Gauge("specd_requests_waiting",
                                       "Sequences queued for admission into the running batch", registry=r)
         self.requests_finished = Counter("specd_requests_finished",
-                                         "Finished sequences, by finish reason (stop, length, aborted, error)",
+                                         "Finished sequences, by finish reason (stop, length, aborted, stuck, error)",
                                          ["reason"], registry=r)
         self.requests_rejected = Counter(
             "specd_requests_rejected",

@@ -185,7 +185,7 @@ class Scheduler:
 
     def abort(self, seq: Sequence) -> None:
         """The client went away: drop the sequence at the next step boundary (its KV may be in use now)."""
-        seq.aborted = True
+        seq.dropped = seq.dropped or "aborted"
         self._wake.set()
 
     # -- the loop -------------------------------------------------------------
@@ -203,7 +203,7 @@ class Scheduler:
                     self._fail(seq)
 
     async def step(self) -> None:
-        self._drop_aborted()
+        self._drop_marked()
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0.0
         decodes = [s for s in self._running if not s.in_prefill]
@@ -422,7 +422,7 @@ class Scheduler:
         self._metrics.step_stuck.set(int(stuck))
         if stuck:
             self._metrics.stuck_steps.inc()
-            waiting = [seq for seq in [*self._running, *self._waiting] if not seq.aborted]
+            waiting = [seq for seq in [*self._running, *self._waiting] if not seq.dropped]
             log.error("a step has run over --step-timeout (%g s): the target is stuck; failing the %d requests "
                       "waiting on it with DEADLINE_EXCEEDED and reporting NOT_SERVING until it ends",
                       self._step_timeout_s, len(waiting))
@@ -430,7 +430,7 @@ class Scheduler:
                 seq.outputs.put_nowait(DeadlineExceeded(
                     f"the target did not answer in time: a step has run over --step-timeout "
                     f"({self._step_timeout_s:g} s)"))
-                seq.aborted = True
+                seq.dropped = "stuck"
         if self._report_serving is not None:
             await self._report_serving(not stuck)
 
@@ -531,13 +531,14 @@ class Scheduler:
         worst_tokens = len(seq.prompt) + seq.max_tokens + seq.speculative.num_speculative_tokens
         return math.ceil(worst_tokens / self._runner.allocator.block_size)
 
-    def _drop_aborted(self) -> None:
-        for seq in [s for s in self._running if s.aborted]:
-            self._finish(seq, "aborted")
-        for seq in [s for s in self._waiting if s.aborted]:  # never admitted, or preempted: no KV blocks
+    def _drop_marked(self) -> None:
+        for seq in [s for s in self._running if s.dropped]:
+            self._finish(seq, seq.dropped)
+        for seq in [s for s in self._waiting if s.dropped]:  # never admitted, or preempted: no KV blocks
             seq.status = SequenceStatus.FINISHED
             self._waiting.remove(seq)
             self._drafters.release(seq)
+            self._metrics.requests_finished.labels(seq.dropped).inc()
         self._update_gauges()
 
     def _fail(self, seq: Sequence) -> None:

@@ -43,7 +43,9 @@ class Sequence:
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     clock: TokenClock = field(default_factory=TokenClock)  # started when the request arrived
     scheduled_at: float | None = None
-    aborted: bool = False  # the client went away: drop at the next step boundary
+    # Why to drop it at the next step boundary, or None: its finish reason, "aborted" (the client went away)
+    # or "stuck" (the step watchdog failed it).
+    dropped: str | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     # Tokens whose K/V the cache holds for good: the prompt's tokens prefilled so far (a long prompt
     # takes several steps), then all but the newest token (the next step feeds it in).

@@ -99,8 +99,8 @@ async def health_is(address: str, status: int, timeout_s: float = 10.0) -> bool:
     return True
 
 
-def sample(target, name: str) -> float:
-    return target.metrics.registry.get_sample_value(name)
+def sample(target, name: str, labels: dict[str, str] | None = None) -> float | None:
+    return target.metrics.registry.get_sample_value(name, labels)
 
 
 async def test_a_stuck_step_fails_the_streams_waiting_on_it_deadline_exceeded_and_health_says_not_serving(
@@ -108,6 +108,7 @@ async def test_a_stuck_step_fails_the_streams_waiting_on_it_deadline_exceeded_an
     """Clients with no deadline of their own are not left hanging; new requests are refused while the step is
     stuck; once it ends the target serves again, its output and its KV cache as before."""
     stuck_before = sample(target, "specd_stuck_steps_total")
+    failed_before = sample(target, "specd_requests_finished_total", {"reason": "stuck"}) or 0.0
     async with grpc.aio.insecure_channel(target.grpc_address) as channel:
         stub = target_pb2_grpc.TargetStub(channel)
         plain = [t async for chunk in stub.Generate(request()) for t in chunk.token_ids]
@@ -129,6 +130,7 @@ async def test_a_stuck_step_fails_the_streams_waiting_on_it_deadline_exceeded_an
     assert refused.code() == grpc.StatusCode.UNAVAILABLE and "stuck" in refused.details()
     assert serving_again and after == plain
     assert sample(target, "specd_step_stuck") == 0 and sample(target, "specd_stuck_steps_total") == stuck_before + 1
+    assert sample(target, "specd_requests_finished_total", {"reason": "stuck"}) == failed_before + 2
     allocator = target.runner.allocator
     assert allocator.num_free_blocks == allocator.num_blocks
 
