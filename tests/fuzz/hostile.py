@@ -156,6 +156,15 @@ def send_raw(channel: grpc.Channel, path: str, kind: str, raw: bytes) -> None:
         call(raw)
 
 
+def assert_raw_answered_or_refused(channel: grpc.Channel, path: str, kind: str, request: Descriptor,
+                                   raw: bytes) -> None:
+    """`raw` sent to the method at `path` (of `kind`, taking `request`): answered, or refused clearly."""
+    try:
+        send_raw(channel, path, kind, raw)
+    except grpc.RpcError as error:
+        assert_clear(error, request, raw=True)
+
+
 def assert_clear(error: grpc.RpcError, request: Descriptor, raw: bool = False) -> None:
     """`error` is a status the client can act on; an INVALID_ARGUMENT names the field of `request` at fault
     ("field.path: reason"), or, for bytes that are no such message at all, says so."""
