@@ -1,17 +1,25 @@
 """What one target step costs, measured where it runs.
 
-seconds ≈ fixed + per_token · new tokens + per_context · the step's sequences' lengths, summed
-                + per_pair · the step's query-key pairs
+seconds ≈ fixed + per_token · new tokens + per_token_past_first_knee · new tokens past the first knee
+                + per_token_past_second_knee · new tokens past the second knee
+                + per_context · the step's sequences' lengths, summed + per_pair · the step's query-key pairs
 
-(the length a sequence reaches in the step is the K/V its attention reads; each new token attends
-over the tokens up to itself, so a prompt chunk of n tokens after d cached ones brings n·d + n(n+1)/2
-pairs: a chunk deep in a long prompt costs many times one at its start, measured on a 2-core EPYC
-at 16 ms against 560 ms for 32 tokens after 0 and after 7,936),
+A forward reads every weight once whatever its rows, so its first few new tokens ride nearly free, and
+past some count, the first knee, each costs its full arithmetic: on a 2-core EPYC in bf16 one short
+sequence's step took 9.3 ms for 1 new token, 10.2 ms for 4, 13.6 ms for 8 and then ~0.8 ms a token,
+and past ~128 tokens (the second knee: activations outgrow the caches) ~0.9 ms. A straight line through
+that prices a batch-1 step's first draft tokens at twice their cost and the step itself a sixth under
+it. The knees are the two of KNEES, or one, or none, that fit the start-up profile best.
 
-fitted by least squares to a short profile at start-up and then to every real step, recent steps
-weighing more (the profile keeps its weight, so the fit stays determined when the load is steady).
-The scheduler asks it what verifying more draft tokens would cost and keeps the drafts that raise
-the batch's tokens out per second (`choose_drafts`).
+The length a sequence reaches in the step is the K/V its attention reads; each new token attends over
+the tokens up to itself, so a prompt chunk of n tokens after d cached ones brings n·d + n(n+1)/2 pairs:
+a chunk deep in a long prompt costs many times one at its start (measured on a 2-core EPYC at 16 ms
+against 560 ms for 32 tokens after 0 and after 7,936).
+
+The terms are fitted by non-negative least squares to a short profile at start-up and then to every
+real step, recent steps weighing more (the profile keeps its weight, so the fit stays determined when
+the load is steady). The scheduler asks it what verifying more draft tokens would cost and keeps the
+drafts that raise the batch's tokens out per second (`choose_drafts`).
 """
 from __future__ import annotations
 
@@ -23,15 +31,22 @@ from typing import Iterable, NamedTuple
 
 from engine.runner import ModelRunner, SequenceInput
 
+
 class Coefficients(NamedTuple):
-    """Seconds: per step, per new token, per token of the sequences' lengths, per query-key pair."""
+    """Seconds: per step, per new token, per new token past each knee, per token of the sequences' lengths,
+    per query-key pair."""
     fixed: float
     per_token: float
+    per_token_past_first_knee: float
+    per_token_past_second_knee: float
     per_context: float
     per_pair: float
 
 
 TERMS = len(Coefficients._fields)
+# Where a knee may be, in a step's new tokens.
+KNEES = (2, 4, 8, 16, 32, 64, 128, 256, 512)
+Knees = tuple[int, ...]  # ascending, at most two
 
 
 @dataclass(frozen=True)
@@ -48,13 +63,16 @@ class StepShape:
             tokens, context, pairs = tokens + new, context + cached + new, pairs + attention_pairs(cached, new)
         return cls(tokens, context, pairs)
 
-    def features(self) -> tuple[float, ...]:
-        return 1.0, float(self.tokens), float(self.context), float(self.pairs)
-
 
 def attention_pairs(cached: int, new: int) -> int:
     """Query-key pairs of `new` tokens after `cached` ones: each attends over the tokens up to itself."""
     return new * cached + new * (new + 1) // 2
+
+
+def features(shape: StepShape, knees: Knees) -> tuple[float, ...]:
+    """What each coefficient multiplies in a step of `shape` (a missing knee's term multiplies nothing)."""
+    past = [float(max(0, shape.tokens - knee)) for knee in knees] + [0.0] * (2 - len(knees))
+    return 1.0, float(shape.tokens), *past, float(shape.context), float(shape.pairs)
 
 
 # Before any measurement: a 20 ms one-token step, each more token 12% of that (specd's old constant),
@@ -64,7 +82,7 @@ _PRIOR = [(StepShape.of([(0, 1)]), 0.020), (StepShape.of([(0, 65)]), 0.020 * (1 
           (StepShape.of([(4095, 1)]), 0.022), (StepShape.of([(4032, 64)]), 0.020 * (1 + 0.12 * 64) + 0.01)]
 
 
-PROFILE_NEW_TOKENS = (1, 4, 16, 32, 64)
+PROFILE_NEW_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 # Each profile step is timed this many times and the fastest kept: a neighbour's burst on a shared
 # machine must not teach the model, for good, that drafts cost what decodes do.
 PROFILE_REPEATS = 3
@@ -78,8 +96,7 @@ class _Moments:
         self.xtx = [[0.0] * TERMS for _ in range(TERMS)]
         self.xty = [0.0] * TERMS
 
-    def add(self, shape: StepShape, seconds: float, weight: float = 1.0) -> None:
-        x = shape.features()
+    def add(self, x: tuple[float, ...], seconds: float, weight: float = 1.0) -> None:
         for i in range(TERMS):
             self.xty[i] += weight * seconds * x[i]
             for j in range(TERMS):
@@ -95,75 +112,87 @@ class StepCostModel:
 
     def __init__(self, decay: float = 0.98, ridge: float = 1e-9):
         self._decay, self._ridge = decay, ridge
-        self._fixed, self._online = _Moments(), _Moments()  # the profile's, kept; the steps', decayed
+        self.knees: Knees = ()
+        self._profiled: list[tuple[StepShape, float]] = []  # kept to place the knees as profile steps arrive
+        self._fixed, self._online = _Moments(), _Moments()  # the profile's (or the prior's), kept; the steps', decayed
         for shape, seconds in _PRIOR:
-            self._fixed.add(shape, seconds, _PRIOR_WEIGHT)
-        self._prior = True
-        self._coefficients = self._solve()
+            self._fixed.add(features(shape, self.knees), seconds, _PRIOR_WEIGHT)
+        self._coefficients = self._solve(self._fixed, self._online)
 
     @property
     def coefficients(self) -> Coefficients:
         return self._coefficients
 
     def predict(self, shape: StepShape) -> float:
-        return sum(c * x for c, x in zip(self._coefficients, shape.features()))
+        return sum(c * x for c, x in zip(self._coefficients, features(shape, self.knees)))
 
-    def token_seconds(self, position: int) -> float:
-        """What one more new token at `position` (0-based, in its sequence) adds to a step."""
+    def token_seconds(self, position: int, step_tokens: int) -> float:
+        """What one more new token at `position` (0-based, in its sequence) adds to a step that has
+        `step_tokens` new tokens already."""
         c = self._coefficients
-        return c.per_token + c.per_context + c.per_pair * (position + 1)
+        past = (c.per_token_past_first_knee, c.per_token_past_second_knee)
+        slope = c.per_token + sum(extra for knee, extra in zip(self.knees, past) if step_tokens >= knee)
+        return slope + c.per_context + c.per_pair * (position + 1)
 
     def chunk_seconds(self, cached: int, new: int) -> float:
-        """What `new` tokens of a sequence after `cached` ones add to a step."""
+        """What `new` tokens of a sequence after `cached` ones add to a step, priced past the knees (prompt
+        chunks come in large pieces, and beside other work)."""
         c = self._coefficients
-        return c.per_token * new + c.per_context * (cached + new) + c.per_pair * attention_pairs(cached, new)
+        return self._chunk_per_token * new + c.per_context * (cached + new) + c.per_pair * attention_pairs(cached, new)
 
     def tokens_within(self, seconds: float, cached: int) -> int:
         """The most new tokens after `cached` ones whose `chunk_seconds` fit in `seconds`."""
         c = self._coefficients
-        # per_pair/2 · n² + (per_token + per_context + per_pair · (cached + 1/2)) · n + per_context · cached ≤ seconds
-        a, b = c.per_pair / 2, c.per_token + c.per_context + c.per_pair * (cached + 0.5)
+        # per_pair/2 · n² + (per token + per_context + per_pair · (cached + 1/2)) · n + per_context · cached ≤ seconds
+        a, b = c.per_pair / 2, self._chunk_per_token + c.per_context + c.per_pair * (cached + 0.5)
         room = seconds - c.per_context * cached
         if room <= 0:
             return 0
         n = room / b if a == 0 else (math.sqrt(b * b + 4 * a * room) - b) / (2 * a)
         return int(n + 1e-9)
 
-    def observe(self, shape: StepShape, seconds: float, profile: bool = False) -> None:
-        """A measured step; `profile` steps keep their weight for good (the first one replaces the prior)."""
-        if profile and self._prior:
-            self._fixed, self._prior = _Moments(), False
-        if not profile:
-            self._online.scale(self._decay)
-        (self._fixed if profile else self._online).add(shape, seconds)
-        self._coefficients = self._solve()
+    @property
+    def _chunk_per_token(self) -> float:
+        c = self._coefficients
+        return c.per_token + c.per_token_past_first_knee + c.per_token_past_second_knee
 
-    def _solve(self) -> Coefficients:
+    def observe(self, shape: StepShape, seconds: float, profile: bool = False) -> None:
+        """A measured step. `profile` steps keep their weight for good (the first one replaces the prior),
+        and each one places the knees afresh."""
+        if profile:
+            self._profiled.append((shape, seconds))
+            self.knees, self._fixed, self._coefficients = self._best_knees()
+            self._online = _Moments()  # the profile comes first; steps fitted on other knees would not add up
+            return
+        self._online.scale(self._decay)
+        self._online.add(features(shape, self.knees), seconds)
+        self._coefficients = self._solve(self._fixed, self._online)
+
+    def _best_knees(self) -> tuple[Knees, _Moments, Coefficients]:
+        """The knees (and their moments and fit) whose fit to the profile leaves the least squared relative
+        error: none, one of KNEES, or two."""
+        empty, best = _Moments(), None
+        choices = [(), *((k,) for k in KNEES), *itertools.combinations(KNEES, 2)]  # fewer knees first
+        for knees in choices:
+            moments = _Moments()
+            rows = [(features(shape, knees), seconds) for shape, seconds in self._profiled]
+            for x, seconds in rows:
+                moments.add(x, seconds)
+            fitted = self._solve(moments, empty)
+            # Relative errors: in absolute ones the longest steps would decide where the shortest bend.
+            error = sum((sum(c * v for c, v in zip(fitted, x)) / seconds - 1) ** 2 for x, seconds in rows if seconds > 0)
+            if best is None or error < 0.99 * best[0] - 1e-12:  # a knee must earn its place: ties keep fewer
+                best = (error, knees, moments, fitted)
+        return best[1], best[2], best[3]
+
+    def _solve(self, fixed: _Moments, online: _Moments) -> Coefficients:
         """Non-negative least squares (a step never gets cheaper with more work, and noise must not make
-        drafts look free): the best fit over the subsets of terms whose coefficients all come out
-        non-negative, the rest held at zero (fifteen small solves with four terms). It runs after every
-        step, so the unconstrained fit, the answer whenever it is non-negative, goes first."""
+        drafts look free), by Lawson and Hanson's active set on the normal equations: it runs after every
+        step, and the unconstrained fit, the answer whenever it is non-negative, comes out first."""
         xtx = [[f + o + (self._ridge if i == j else 0.0) for j, (f, o) in enumerate(zip(fr, orow))]
-               for i, (fr, orow) in enumerate(zip(self._fixed.xtx, self._online.xtx))]
-        xty = [f + o for f, o in zip(self._fixed.xty, self._online.xty)]
-        unconstrained = _solve_linear(xtx, xty)
-        if unconstrained is not None and min(unconstrained) >= 0:
-            return _coefficients(unconstrained)
-        best, best_error = [0.0] * TERMS, float("inf")
-        for size in range(1, TERMS + 1):
-            for terms in itertools.combinations(range(TERMS), size):
-                solved = _solve_linear([[xtx[i][j] for j in terms] for i in terms], [xty[i] for i in terms])
-                if solved is None or min(solved) < 0:
-                    continue
-                coefficients = [0.0] * TERMS
-                for i, value in zip(terms, solved):
-                    coefficients[i] = value
-                # The squared error, less yᵀy (the same for every subset): cᵀ(xᵀx)c - 2cᵀ(xᵀy).
-                error = sum(coefficients[i] * xtx[i][j] * coefficients[j] for i in range(TERMS) for j in range(TERMS)) \
-                    - 2 * sum(c * y for c, y in zip(coefficients, xty))
-                if error < best_error:
-                    best, best_error = coefficients, error
-        return _coefficients(best)
+               for i, (fr, orow) in enumerate(zip(fixed.xtx, online.xtx))]
+        xty = [f + o for f, o in zip(fixed.xty, online.xty)]
+        return _coefficients(_nnls(xtx, xty))
 
     def profile(self, runner: ModelRunner) -> None:
         """A few forwards of throwaway sequences at start: steps of 1 to 64 new tokens on one short
@@ -197,12 +226,46 @@ class StepCostModel:
 
 def _coefficients(fitted: list[float]) -> Coefficients:
     """The fit as named terms; a new token is never quite free (the draft choice divides by its cost)."""
-    fixed, per_token, per_context, per_pair = fitted
-    return Coefficients(fixed, max(per_token, 1e-7), per_context, per_pair)
+    fixed, per_token, *rest = fitted
+    return Coefficients(fixed, max(per_token, 1e-7), *rest)
+
+
+def _nnls(xtx: list[list[float]], xty: list[float], tolerance: float = 1e-15) -> list[float]:
+    """x ≥ 0 minimising |Ax - y|² given AᵀA and Aᵀy (Lawson and Hanson): terms join the free set while
+    the gradient says one would lower the error; a free term the fit pushes below zero steps back to the
+    boundary and leaves it."""
+    n = len(xty)
+    x = [0.0] * n
+    free: list[int] = []
+    solved = _solve_linear(xtx, xty)
+    if solved is not None and min(solved) >= 0:
+        return solved
+    for _ in range(3 * n):  # each pass frees a term; a few more for terms that step back
+        gradient = [xty[i] - sum(xtx[i][j] * x[j] for j in range(n)) for i in range(n)]
+        candidates = [i for i in range(n) if i not in free and gradient[i] > tolerance]
+        if not candidates:
+            break
+        free.append(max(candidates, key=lambda i: gradient[i]))
+        while True:
+            z = [0.0] * n
+            sub = _solve_linear([[xtx[i][j] for j in free] for i in free], [xty[i] for i in free])
+            if sub is None:  # singular: this term adds nothing the free ones lack
+                free.pop()
+                break
+            for i, value in zip(free, sub):
+                z[i] = value
+            if min(z[i] for i in free) > 0:
+                x = z
+                break
+            step = min(x[i] / (x[i] - z[i]) for i in free if z[i] <= 0)
+            x = [xi + step * (zi - xi) for xi, zi in zip(x, z)]
+            free = [i for i in free if x[i] > tolerance]
+            x = [xi if i in free else 0.0 for i, xi in enumerate(x)]
+    return x
 
 
 def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """a x = b by Gaussian elimination with partial pivoting (n <= 4); None where a is singular."""
+    """a x = b by Gaussian elimination with partial pivoting (n <= 6); None where a is singular."""
     n = len(b)
     rows = [list(row) + [value] for row, value in zip(a, b)]
     for column in range(n):

@@ -69,9 +69,11 @@ class TargetService(Service):
         started = time.perf_counter()
         self.compute_thread.submit(cost_model.profile, self.runner).result()
         c = cost_model.coefficients
-        log.info("step cost (%.1f s profile): %.2f ms + %.3f ms per new token + %.5f ms per token of sequence length "
-                 "+ %.6f ms per query-key pair", time.perf_counter() - started, c.fixed * 1e3, c.per_token * 1e3,
-                 c.per_context * 1e3, c.per_pair * 1e3)
+        knees = "".join(f" + {extra * 1e3:.3f} ms more past {knee}" for knee, extra
+                        in zip(cost_model.knees, (c.per_token_past_first_knee, c.per_token_past_second_knee)))
+        log.info("step cost (%.1f s profile): %.2f ms + %.3f ms per new token%s + %.5f ms per token of sequence "
+                 "length + %.6f ms per query-key pair", time.perf_counter() - started, c.fixed * 1e3,
+                 c.per_token * 1e3, knees, c.per_context * 1e3, c.per_pair * 1e3)
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,

@@ -55,26 +55,29 @@ def choose_drafts(candidates: list[DraftTree], cached: list[int], base: StepShap
     verify in a step whose other work is `base` (the decodes' newest tokens, prompt chunks). `cached`:
     each candidate's sequence's cached tokens before the step (its newest token goes at that position,
     the draft after it)."""
-    tokens = []  # (reach, seconds, candidate, node)
+    tokens = []  # (reach, position, candidate, node)
     for index, (draft, start) in enumerate(zip(candidates, cached)):
         for node, (reach, depth) in enumerate(zip(draft.reaches(), draft.depths())):
-            tokens.append((reach, cost.token_seconds(start + depth), index, node))
-    # A fit gone to zero (a noisy start-up profile) prices everything at nothing: floored, the
-    # arithmetic stays defined and a free draft token is kept.
-    tokens.sort(key=lambda t: -t[0] / max(t[1], MIN_SECONDS))  # stable: equal ratios keep draft order
+            tokens.append((reach, start + depth, index, node))
+    # Ranked by reach per second at the price of a token past the knee (where a token's price differs by
+    # its position alone); a fit gone to zero (a noisy start-up profile) prices everything at nothing:
+    # floored, the arithmetic stays defined and a free draft token is kept.
+    tokens.sort(key=lambda t: -t[0] / max(cost.token_seconds(t[1], base.tokens + len(tokens)), MIN_SECONDS))
     base_seconds = cost.predict(base)
+    # Each token in turn adds its price at the step's size so far: the first few ride below the knee.
+    prices = [cost.token_seconds(position, base.tokens + count) for count, (_, position, _, _) in enumerate(tokens)]
     expected, seconds = float(len(candidates)), max(base_seconds, MIN_SECONDS)
     best_count, best_value = 0, expected / seconds
-    for count, (reach, token_seconds, _, _) in enumerate(tokens, start=1):
-        expected, seconds = expected + reach, seconds + (1 + DRAFT_MARGIN) * token_seconds
+    for count, ((reach, _, _, _), price) in enumerate(zip(tokens, prices), start=1):
+        expected, seconds = expected + reach, seconds + (1 + DRAFT_MARGIN) * price
         if expected / seconds > best_value:
             best_count, best_value = count, expected / seconds
     lengths = [0] * len(candidates)
     for _, _, index, node in tokens[:best_count]:
         lengths[index] = max(lengths[index], node + 1)
     expected, added = float(len(candidates)), [0.0] * len(candidates)
-    for reach, token_seconds, index, node in tokens:  # what the kept nodes yield and cost
+    for (reach, _, index, node), price in zip(tokens, prices):  # what the kept nodes yield and cost
         if node < lengths[index]:
             expected += reach
-            added[index] += token_seconds
+            added[index] += price
     return DraftChoice(lengths, expected, base_seconds, added)

@@ -1,7 +1,7 @@
 """The step cost model: fitted to what steps measured, at start-up and online."""
 import pytest
 
-from target_svc.cost_model import StepCostModel, StepShape, attention_pairs
+from target_svc.cost_model import Coefficients, StepCostModel, StepShape, attention_pairs, features
 from engine.runner import ModelRunner
 
 
@@ -18,13 +18,32 @@ def test_a_step_is_shaped_by_its_new_tokens_the_lengths_they_reach_and_their_que
 
 def test_it_recovers_a_linear_cost_from_measured_steps():
     model = StepCostModel()
-    truth = (0.01, 0.0004, 0.000002, 0.0000003)
+    truth = Coefficients(fixed=0.01, per_token=0.0004, per_token_past_first_knee=0.0, per_token_past_second_knee=0.0,
+                         per_context=0.000002, per_pair=0.0000003)
     for cached, new in [(0, 1), (0, 32), (4000, 1), (1000, 256), (8000, 8), (2000, 64)]:
         shape = one(cached, new)
-        model.observe(shape, sum(c * x for c, x in zip(truth, shape.features())), profile=True)
-    assert model.coefficients == pytest.approx(truth, rel=1e-3)
+        model.observe(shape, sum(c * x for c, x in zip(truth, features(shape, knees=()))), profile=True)
+    assert model.knees == ()
+    assert model.coefficients == pytest.approx(truth, rel=1e-3, abs=1e-9)
     shape = one(490, 10)
     assert model.predict(shape) == pytest.approx(0.01 + 0.004 + 0.001 + 0.0000003 * shape.pairs, rel=1e-3)
+
+
+def test_a_step_whose_first_tokens_ride_nearly_free_is_fitted_with_its_knee():
+    # Up to 8 new tokens a step reads its weights and little else; past them each token costs its arithmetic.
+    def measured(shape: StepShape) -> float:
+        return 0.01 + 0.0001 * shape.tokens + 0.0009 * max(0, shape.tokens - 8) + 0.0000003 * shape.pairs
+
+    model = StepCostModel()
+    for cached in (16, 256):
+        for new in (1, 2, 4, 8, 16, 32, 64, 128):
+            model.observe(one(cached, new), measured(one(cached, new)), profile=True)
+    assert model.knees == (8,)
+    for new in (1, 3, 8, 20, 100):
+        assert model.predict(one(300, new)) == pytest.approx(measured(one(300, new)), rel=1e-3)
+    # So a one-sequence step's first draft tokens are priced at what they add, a tenth of a full token.
+    assert model.token_seconds(300, step_tokens=1) == pytest.approx(0.0001 + 0.0000003 * 301, rel=1e-2)
+    assert model.token_seconds(300, step_tokens=16) == pytest.approx(0.001 + 0.0000003 * 301, rel=1e-2)
 
 
 def test_a_chunk_deep_in_a_prompt_costs_more_and_fits_fewer_tokens_in_the_same_seconds():
@@ -72,6 +91,6 @@ def test_a_term_the_data_pushes_below_zero_is_held_at_zero_and_the_others_refitt
     # Steps whose cost falls with length (noise): the best non-negative fit drops that term.
     for tokens, context, seconds in [(1, 10, 0.021), (1, 1000, 0.020), (32, 40, 0.030), (32, 1000, 0.029)]:
         model.observe(StepShape(tokens, context, pairs=0), seconds, profile=True)
-    fixed, per_token, per_context, per_pair = model.coefficients
+    fixed, per_token, _, _, per_context, per_pair = model.coefficients
     assert per_context == 0 and per_pair == 0
     assert fixed == pytest.approx(0.0205, abs=5e-4) and per_token == pytest.approx(0.0003, rel=0.05)

@@ -92,7 +92,7 @@ def test_a_tree_node_costs_by_its_depth_not_its_place_in_the_list():
             cost.observe(shape, 0.020 + 0.0005 * tokens + 0.00000025 * shape.pairs, profile=True)
     wide = DraftTree((1, 2, 3, 4), (-1, -1, -1, -1), (0.2, 0.2, 0.2, 0.2))
     choice = choose_drafts([wide], [4000], StepShape.of([(4000, 1)]), cost)
-    assert choice.added_seconds[0] == pytest.approx(4 * cost.token_seconds(4001))
+    assert choice.added_seconds[0] == pytest.approx(4 * cost.token_seconds(4001, step_tokens=1))
 
 
 
