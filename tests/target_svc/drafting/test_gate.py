@@ -65,9 +65,17 @@ def test_nothing_to_ask_for_is_not_asked():
 def test_an_ask_with_nothing_on_offer_gains_nothing():
     gate, seq = seasoned(), sequence("a")
     gate.asked(0.002, [(seq, 3.0)])
-    for _ in range(12):  # the round trip was paid each time, for no draft
+    for _ in range(80):  # the round trip was paid each time, for no draft
         gate.asked(0.002, [(seq, 0.0)])
     assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+
+
+def test_a_run_of_accepted_drafts_keeps_the_asks_coming_through_the_dry_spell_after_it():
+    gate, seq = seasoned(), sequence("a")
+    gate.asked(0.002, [(seq, 3.0)])  # a passage copied
+    for _ in range(12):  # then a dozen asks with nothing on offer: the next passage may come at any step
+        gate.asked(0.002, [(seq, 0.0)])
+        assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
 
 
 def test_a_newcomer_is_expected_to_gain_what_asks_typically_gain():
