@@ -180,7 +180,8 @@ class StepCostModel:
                 moments.add(x, seconds)
             fitted = self._solve(moments, empty)
             # Relative errors: in absolute ones the longest steps would decide where the shortest bend.
-            error = sum((sum(c * v for c, v in zip(fitted, x)) / seconds - 1) ** 2 for x, seconds in rows if seconds > 0)
+            error = sum((sum(c * v for c, v in zip(fitted, x)) / seconds - 1) ** 2
+                        for x, seconds in rows if seconds > 0)
             if best is None or error < 0.99 * best[0] - 1e-12:  # a knee must earn its place: ties keep fewer
                 best = (error, knees, moments, fitted)
         return best[1], best[2], best[3]

@@ -322,7 +322,8 @@ class Scheduler:
         decoded_per_second = len(decoding) / max(plain_seconds, MIN_SECONDS)
         for item, window in windows:
             seq = item.seq
-            seconds = sum(self._cost.token_seconds(seq.num_computed + depth, len(decoding)) for depth in window.depths())
+            seconds = sum(self._cost.token_seconds(seq.num_computed + depth, len(decoding))
+                          for depth in window.depths())
             if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second:
                 item.window, item.window_seconds = window, seconds
             else:
