@@ -51,9 +51,10 @@ class Sequence:
     # takes several steps), then all but the newest token (the next step feeds it in).
     num_computed: int = 0
     preemptions: int = 0  # times its KV cache was taken back for others
-    # What an ask for its draft gained the batch, in tokens (a moving mean; None: never asked), and
-    # steps since it was last asked: `DraftingGate` decides from them whether to ask.
+    # What an ask for its draft gained the batch, in tokens (a moving mean; None: never asked), over how
+    # many asks, and steps since it was last asked: `DraftingGate` decides from them whether to ask.
     draft_gain: float | None = None
+    draft_asks: int = 0
     unasked_steps: int = 0
     # The target's features of its tokens by position, kept when its drafter drafts from them (EAGLE).
     features: FeatureLog | None = None

@@ -29,11 +29,12 @@ PROBE_EVERY = 8
 PROBE_SHARE = 0.05
 TYPICAL_EVIDENCE = 16  # sequence-asks before their typical gain is trusted
 SMOOTHING = 0.25  # weight of an ask's round trip in their moving mean
-# Weight of an asked step's gain in its sequence's mean gain and in the typical gain. Gains come in runs (a
-# passage copied, then nothing for a while), so the mean must outlast the dry spells between them: at 0.25
-# it forgot a run within a few empty asks and skipped the asks that would have found the next one (`ngram`
-# on Spec-Bench at batch 1, bf16, 2-core EPYC: 1.18x `none`, tau 1.27; at 0.05 1.21x, tau 1.34; asking
-# every step 1.24x, tau 1.41).
+# Weight of an asked step's gain in its sequence's mean gain and in the typical gain, once they have seen
+# 1 / GAIN_SMOOTHING asks (before, they are the plain mean of the asks so far, so a newcomer's first runs
+# count in full). Gains come in runs (a passage copied, then nothing for a while), so the mean must outlast
+# the dry spells between them: at 0.25 it forgot a run within a few empty asks and skipped the asks that
+# would have found the next one (`ngram` on Spec-Bench at batch 1, bf16, 2-core EPYC: 1.18x `none`, tau
+# 1.27; at 0.05 1.21x, tau 1.34; asking every step 1.24x, tau 1.41).
 GAIN_SMOOTHING = 0.05
 DRIFT = 0.25  # the share of the way back to the typical gain a sequence's expected gain goes per unasked step
 
@@ -80,9 +81,10 @@ class DraftingGate:
         self.unasked_steps = 0
         for seq, tokens in gains:
             seq.unasked_steps = 0
-            seq.draft_gain = _moved(seq.draft_gain, tokens, GAIN_SMOOTHING)
-            self.typical_gain = _moved(self.typical_gain, tokens, GAIN_SMOOTHING)
-        self.evidence += len(gains)
+            seq.draft_asks += 1
+            seq.draft_gain = _moved(seq.draft_gain, tokens, max(GAIN_SMOOTHING, 1 / seq.draft_asks))
+            self.evidence += 1
+            self.typical_gain = _moved(self.typical_gain, tokens, max(GAIN_SMOOTHING, 1 / self.evidence))
 
     def skipped(self, wanting: list[Sequence]) -> None:
         self.unasked_steps += 1

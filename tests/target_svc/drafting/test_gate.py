@@ -102,3 +102,12 @@ def test_drafts_that_cost_the_batch_what_they_gain_are_not_worth_a_round_trip():
     gate.asked(0.002, [(seq, 2 - 1.9) for seq in seqs])
     # 0.4 tokens gained, against 2 ms of a 15 ms step of four (0.53 tokens)
     assert not gate.worth_asking(seqs, decodes=4, step_seconds=0.015)
+
+
+def test_a_newcomers_first_asks_count_in_full_so_its_first_run_of_accepted_drafts_keeps_it_asked():
+    gate, seq = seasoned(), sequence("a")
+    gate.typical_gain = 0.0  # asks have gained other sequences nothing lately
+    gate.asked(0.002, [(seq, 0.0)])
+    gate.asked(0.002, [(seq, 3.0)])  # a probe found a passage to copy
+    assert seq.draft_gain == 1.5
+    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
