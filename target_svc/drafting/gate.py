@@ -82,9 +82,9 @@ class DraftingGate:
         for seq, tokens in gains:
             seq.unasked_steps = 0
             seq.draft_asks += 1
-            seq.draft_gain = _moved(seq.draft_gain, tokens, max(GAIN_SMOOTHING, 1 / seq.draft_asks))
+            seq.draft_gain = _gain_mean(seq.draft_gain, tokens, seq.draft_asks)
             self.evidence += 1
-            self.typical_gain = _moved(self.typical_gain, tokens, max(GAIN_SMOOTHING, 1 / self.evidence))
+            self.typical_gain = _gain_mean(self.typical_gain, tokens, self.evidence)
 
     def skipped(self, wanting: list[Sequence]) -> None:
         self.unasked_steps += 1
@@ -95,3 +95,8 @@ class DraftingGate:
 def _moved(mean: float | None, value: float, weight: float = SMOOTHING) -> float:
     """A moving mean after one more value of `weight`; the first value where there is none."""
     return value if mean is None else mean + weight * (value - mean)
+
+
+def _gain_mean(mean: float | None, gain: float, asks: int) -> float:
+    """A mean gain after its `asks`-th ask: plain over the first 1 / GAIN_SMOOTHING asks, then moving."""
+    return _moved(mean, gain, max(GAIN_SMOOTHING, 1 / asks))
