@@ -153,12 +153,15 @@ async def test_the_openai_client_gets_speculated_text_equal_to_grpcs_with_the_dr
     the same greedy text as the gRPC API, with what speculation did in the usage."""
     import openai
 
-    prompt = CHAT_PROMPTS[0]
-    expected, _, _ = await _chat(stack.address("gateway"), prompt, "none")
+    # A text that repeats itself, so that whichever steps the gate asks (after the stack's earlier requests,
+    # only its probes: a fresh-clone CI run saw no draft in 4 tries of a chat answer that copies only once),
+    # the n-gram drafter has a draft that lands.
+    expected, _, _ = await _chat(stack.address("gateway"), REPEATING_PROMPT, "none", max_tokens=2 * MAX_TOKENS)
     async with openai.AsyncOpenAI(base_url=stack.http_url, api_key="unused", max_retries=0) as client:
         model = (await client.models.list()).data[0].id
         completion = await _until_drafted(lambda: client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=MAX_TOKENS,
+            model=model, messages=[{"role": "user", "content": REPEATING_PROMPT}], temperature=0,
+            max_tokens=2 * MAX_TOKENS,
             extra_body={"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}))
     assert completion.choices[0].message.content == expected
     usage = completion.usage.model_extra
