@@ -250,9 +250,13 @@ class Scheduler:
         """The (sequence, draft budget) pairs to ask each method's drafter for this step: each drafter has its
         own gate, because what its asks cost and gain is its own."""
         wanted: dict[str, list[tuple[Sequence, int]]] = {}
+        # What waiting for each drafter costs one sequence, in tokens: the share of a step its round trip is
+        # (the batch decodes one token a sequence a step, and all of them wait).
+        round_trip_cost = {method: gate.round_trip / self._step_seconds for method, gate in self._gates.items()
+                           if gate.round_trip is not None and self._step_seconds > 0}
         for seq in decodes:
             if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0:
-                method, why = self._drafters.choose_method(seq)
+                method, why = self._drafters.choose_method(seq, round_trip_cost)
                 if seq.chooser is not None:
                     self._metrics.auto_choices.labels(method, why).inc()
                 wanted.setdefault(method, []).append((seq, k))

@@ -1,16 +1,21 @@
 """`method: auto`: the target picks, for each sequence and step, which of the deployment's drafters to
-ask (`fused` among them: all of them at once), by what each has gained so far (an explore/exploit rule
-over its drafts' gain).
+ask (`fused` among them: all of them at once), by what each has gained so far, less what waiting for
+its answer costs (an explore/exploit rule over its drafts' gain).
 
 A text's best drafter is a property of the text (code repeats its prompt: n-gram; a chat that echoes
 earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter
 has gained the deployment's sequences so far (`MethodRecord`): the one that has gained the most (a
-moving mean of its accepted draft tokens, less what verifying them cost the batch) is asked, and every
+moving mean of its accepted draft tokens, less what verifying them cost the batch, less the tokens its
+round trip is worth: `fused` waits for the slowest of several drafters, measured 2-2.6 ms against ~1 ms for
+one, on a 12 ms step at batch 1) is asked, and every
 EXPLORE_EVERY asks the one asked longest ago, so a drafter that starts to pay later (a text turning
 repetitive) is found. A drafter the deployment has no record of yet is tried TRIALS times first. The
 drafters' own gates still decide whether a step asks at all.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from specd.options import OptionSchema
 
@@ -48,18 +53,20 @@ class MethodChooser:
         self._total_asks = 0
         self.current = self._methods[0]  # the latest choice
 
-    def choose(self) -> tuple[str, str]:
-        """The method to ask this step, and why: "trial", "explore" or "best"."""
-        self.current, why = self._choice()
+    def choose(self, round_trip_cost: Mapping[str, float] = MappingProxyType({})) -> tuple[str, str]:
+        """The method to ask this step, and why: "trial", "explore" or "best". `round_trip_cost`: by method,
+        the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
+        self.current, why = self._choice(round_trip_cost)
         return self.current, why
 
-    def _choice(self) -> tuple[str, str]:
+    def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
         untried = [m for m in self._methods if self._record.asks.get(m, 0) < TRIALS]
         if untried:
             return min(untried, key=lambda m: (self._record.asks.get(m, 0), self._methods.index(m))), "trial"
         if len(self._methods) > 1 and self._total_asks % EXPLORE_EVERY == EXPLORE_EVERY - 1:
             return min(self._methods, key=lambda m: self._last_asked[m]), "explore"
-        return max(self._methods, key=lambda m: (self._expected(m), -self._methods.index(m))), "best"
+        return max(self._methods, key=lambda m: (self._expected(m) - round_trip_cost.get(m, 0.0),
+                                                 -self._methods.index(m))), "best"
 
     def _expected(self, method: str) -> float:
         """What an ask of `method` is expected to gain: this sequence's mean, or the deployment's before it asked."""

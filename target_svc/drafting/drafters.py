@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
@@ -50,13 +51,14 @@ class Drafters:
         return seq.speculative.method in self._sources or (seq.speculative.method == AUTO_METHOD
                                                            and bool(self.auto_methods))
 
-    def choose_method(self, seq: Sequence) -> tuple[str, str]:
-        """The drafter to ask for the sequence this step, and why ("method": its own)."""
+    def choose_method(self, seq: Sequence, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
+        """The drafter to ask for the sequence this step, and why ("method": its own). `round_trip_cost`: by
+        method, the tokens an ask's round trip is worth to one sequence."""
         if seq.speculative.method != AUTO_METHOD:
             return seq.speculative.method, "method"
         if seq.chooser is None:
             seq.chooser = MethodChooser(self.auto_methods, self._auto_record)
-        return seq.chooser.choose()
+        return seq.chooser.choose(round_trip_cost)
 
     def wants_features(self, seq: Sequence) -> bool:
         """Whether the sequence's drafter drafts from the target's features."""
