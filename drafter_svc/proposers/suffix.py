@@ -13,6 +13,7 @@ accepted tokens (its nodes' chances summed) wins. Nodes go out best first, as th
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 
@@ -39,10 +40,12 @@ class SuffixProposer:
         Option("min_token_prob", "float", 0.1, minimum=0.0, maximum=1.0,
                help="least estimated chance of a draft token (the product of the count shares down its path)"),
         Option("use_tree_spec", "bool", True, help="draft a tree of the likeliest continuations (else a chain)"),
-    ))
+    ), learns_outputs=True)
 
     def __init__(self, max_cached_requests: int = MAX_CACHED_REQUESTS, max_global_nodes: int = MAX_GLOBAL_NODES):
         self.max_cached_requests = max_cached_requests
+        if max_cached_requests == 0:  # no global tree: whole outputs teach it nothing
+            self.schema = dataclasses.replace(SuffixProposer.schema, learns_outputs=False)
         self.max_global_nodes = max_global_nodes
         self.global_tree = SuffixTree()
         self._cached: deque[list[int]] = deque()  # the outputs in the global tree, oldest first
@@ -66,12 +69,12 @@ class SuffixProposer:
 
     def _propose_one(self, request: DraftRequest) -> DraftTree:
         seq, options = request.sequence, request.options
+        if request.max_tokens == 0:  # an update alone (a finished sequence's last tokens): the next ask indexes it
+            return DraftTree()
         local = seq.proposer_state
         if local is None or local.epoch != seq.epoch:
             local = seq.proposer_state = LocalTree(seq.epoch)
         local.sync(seq.tokens)
-        if request.max_tokens == 0:
-            return DraftTree()
         longest = options["max_tree_depth"]
         candidates = list(enumerate(local.frontier[:longest], start=1))
         candidates += self.global_tree.matches(seq.tokens, longest)

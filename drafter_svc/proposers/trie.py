@@ -69,7 +69,7 @@ class TrieProposer:
         Option("dynamic_algo", "bool", False,
                help="draft length follows how much of the sequence's recent drafts was accepted"),
         Option("use_tree_spec", "bool", True, help="draft a tree of the most frequent continuations (else a chain)"),
-    ))
+    ), learns_outputs=True)
 
     def __init__(self, max_nodes: int = MAX_TRIE_NODES):
         self.max_nodes = max_nodes

@@ -65,6 +65,11 @@ class RemoteDrafter:
         self._sending_features: dict[str, int] = {}  # what they will be once the pending ask is answered
         # Finished sequences the drafter has not yet confirmed dropping; retried until it does.
         self._unreleased: set[str] = set()
+        # For a drafter that learns from outputs: finished sequences' tokens it has not been sent, sent
+        # before their release (once, and at most a request's worth waiting while the drafter is down: what
+        # it learns is worth speed, never a retry loop or unbounded memory).
+        self._final_updates: list[drafter_pb2.SequenceUpdate] = []
+        self._final_tokens = 0  # in _final_updates
         self._release_task: asyncio.Task | None = None
         self._describe_task: asyncio.Task | None = None
 
@@ -201,7 +206,13 @@ class RemoteDrafter:
 
     def release(self, sequence: Sequence) -> None:
         """Tell the drafter the sequence finished, in the background, retrying until it has heard
-        (a drafter that restarted meanwhile holds nothing: telling it is harmless)."""
+        (a drafter that restarted meanwhile holds nothing: telling it is harmless). A drafter that learns
+        from outputs is sent the tokens committed since its last update first: the gate skips asks, and
+        `auto` asks another drafter on most steps, so it would otherwise learn only part of the output."""
+        if self._learns_from(sequence):
+            update = self._update(sequence, 0, 0)
+            self._final_updates.append(update)
+            self._final_tokens += len(update.appended_token_ids)
         for held in (self._synced_features, self._sending_features, self._synced):
             held.pop(sequence.request_id, None)
         if sequence.request_id in self._told:
@@ -210,10 +221,29 @@ class RemoteDrafter:
         if self._unreleased and (self._release_task is None or self._release_task.done()):
             self._release_task = asyncio.get_running_loop().create_task(self._release_until_heard())
 
+    def _learns_from(self, sequence: Sequence) -> bool:
+        """Whether the drafter learns from outputs, holds the sequence, has tokens of it still to learn, and
+        room for them among the waiting updates (one request's worth)."""
+        unsent = len(sequence.tokens) - self._synced.get(sequence.request_id, 0)
+        return (self._schema is not None and self._schema.learns_outputs and sequence.request_id in self._told
+                and 0 < unsent and self._final_tokens + unsent <= MAX_PROPOSE_TOKENS
+                and len(self._final_updates) < MAX_PROPOSE_SEQUENCES)
+
+    async def _send_final_updates(self) -> None:
+        """The finished sequences' last tokens, one request (the waiting ones fit in one); dropped if it fails."""
+        if self._final_updates:
+            batch, self._final_updates, self._final_tokens = self._final_updates, [], 0
+            try:
+                await self._stub.Propose(drafter_pb2.ProposeRequest(sequences=batch, vocab_size=self.vocab_size),
+                                         timeout=RELEASE_TIMEOUT_S)
+            except grpc.aio.AioRpcError as err:
+                log.debug("drafter %s: final updates failed (%s); dropped", self.method, err.code().name)
+
     async def _release_until_heard(self) -> None:
         backoff = RELEASE_TIMEOUT_S
         while self._unreleased:
             ids = sorted(self._unreleased)[:MAX_RELEASE_SEQUENCES]
+            await self._send_final_updates()  # theirs are among these: each is queued before its release
             try:
                 await self._stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=ids), timeout=RELEASE_TIMEOUT_S)
             except grpc.aio.AioRpcError as err:

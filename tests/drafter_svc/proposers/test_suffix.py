@@ -101,6 +101,11 @@ def test_the_global_tree_keeps_only_the_newest_outputs():
     assert not SuffixProposer(max_cached_requests=0).sizes()["global_tree_nodes"]
 
 
+def test_it_asks_for_whole_outputs_only_while_it_keeps_them():
+    assert SuffixProposer().schema.learns_outputs
+    assert not SuffixProposer(max_cached_requests=0).schema.learns_outputs  # nothing learns from them
+
+
 def test_a_request_holding_its_text_grows_its_tree_as_tokens_arrive():
     proposer = SuffixProposer()
     req = request([7, 1, 2, 3, 9])

@@ -79,6 +79,32 @@ async def test_a_release_the_drafter_missed_is_retried_until_it_hears(client, ad
         await drafter.stop(grace=0)
 
 
+async def test_a_drafter_that_learns_from_outputs_is_sent_a_finished_sequences_tokens_past_its_last_ask(address):
+    """Suffix decoding's global tree learns the whole output, not the part the drafter was asked about: the
+    tokens committed since its last update go to it before the release."""
+    drafter = create_drafter("suffix", address=address, metrics_address=None)
+    await drafter.start()
+    client = RemoteDrafter("suffix", address, vocab_size=49152, timeout_s=2.0, metrics=TargetMetrics())
+    suffix = SpeculativeConfig("suffix", 4)
+    try:
+        await client.start()
+        assert client.schema.learns_outputs
+        first = Sequence("first", [1, 2, 3], SamplingParams(), suffix, 16, frozenset())
+        await client.propose([(first, 4)])  # the drafter holds the prompt, and no token of the output
+        first.tokens.extend([40, 41, 42, 43, 44, 45, 46, 47])  # committed in steps that did not ask it
+        client.release(first)
+        later = Sequence("later", [9, 40, 41, 42], SamplingParams(), suffix, 16, frozenset())
+
+        async def drafted() -> list[int]:
+            draft = (await client.propose([(later, 4)])).get("later")
+            return list(draft.token_ids) if draft is not None else []
+
+        assert (await eventually_async(drafted))[:3] == [43, 44, 45]  # from the global tree
+    finally:
+        await client.close()
+        await drafter.stop(grace=0)
+
+
 async def test_a_step_the_drafter_fails_is_draft_free_and_the_next_ask_opens_a_new_stream(client, address):
     held = SequenceRegistry()
     drafter = await started_drafter(address, held)
