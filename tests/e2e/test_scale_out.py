@@ -96,8 +96,11 @@ def generate_calls(targets: list[ServiceProcess]) -> list[float]:
 
 
 async def complete_all(gateway, prompts: list[str]) -> None:
+    """Plain decoding: drafts that do not pay (the random model's text) would teach the targets' drafting
+    gates to ask the drafter only at rare probes, and the shared-drafter test below counts its asks."""
     async with SpecdClient(gateway.grpc_address) as client:
-        await asyncio.gather(*(client.complete(build_request(prompt=prompt, sampling=SamplingParams(max_tokens=8)),
+        await asyncio.gather(*(client.complete(build_request(prompt=prompt, sampling=SamplingParams(max_tokens=8),
+                                                             speculative=SpeculativeConfig("none").to_pb()),
                                                timeout=60) for prompt in prompts))
 
 
