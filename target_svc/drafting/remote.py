@@ -69,7 +69,6 @@ class RemoteDrafter:
         # before their release (once, and at most a request's worth waiting while the drafter is down: what
         # it learns is worth speed, never a retry loop or unbounded memory).
         self._final_updates: list[drafter_pb2.SequenceUpdate] = []
-        self._final_tokens = 0  # in _final_updates
         self._release_task: asyncio.Task | None = None
         self._describe_task: asyncio.Task | None = None
 
@@ -210,9 +209,7 @@ class RemoteDrafter:
         from outputs is sent the tokens committed since its last update first: the gate skips asks, and
         `auto` asks another drafter on most steps, so it would otherwise learn only part of the output."""
         if self._learns_from(sequence):
-            update = self._update(sequence, 0, 0)
-            self._final_updates.append(update)
-            self._final_tokens += len(update.appended_token_ids)
+            self._final_updates.append(self._update(sequence, 0, 0))
         for held in (self._synced_features, self._sending_features, self._synced):
             held.pop(sequence.request_id, None)
         if sequence.request_id in self._told:
@@ -225,14 +222,16 @@ class RemoteDrafter:
         """Whether the drafter learns from outputs, holds the sequence, has tokens of it still to learn, and
         room for them among the waiting updates (one request's worth)."""
         unsent = len(sequence.tokens) - self._synced.get(sequence.request_id, 0)
+        # Usually none wait; while the drafter is down, up to one request's worth.
+        waiting = sum(len(update.appended_token_ids) for update in self._final_updates)
         return (self._schema is not None and self._schema.learns_outputs and sequence.request_id in self._told
-                and 0 < unsent and self._final_tokens + unsent <= MAX_PROPOSE_TOKENS
+                and 0 < unsent and waiting + unsent <= MAX_PROPOSE_TOKENS
                 and len(self._final_updates) < MAX_PROPOSE_SEQUENCES)
 
     async def _send_final_updates(self) -> None:
         """The finished sequences' last tokens, one request (the waiting ones fit in one); dropped if it fails."""
         if self._final_updates:
-            batch, self._final_updates, self._final_tokens = self._final_updates, [], 0
+            batch, self._final_updates = self._final_updates, []
             try:
                 await self._stub.Propose(drafter_pb2.ProposeRequest(sequences=batch, vocab_size=self.vocab_size),
                                          timeout=RELEASE_TIMEOUT_S)

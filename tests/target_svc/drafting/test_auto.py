@@ -25,19 +25,20 @@ def test_every_drafter_is_tried_in_turn_before_any_is_preferred_while_the_deploy
     assert {why for _, why in first} == {"trial"}
 
 
-def test_after_the_trials_the_drafter_that_gained_most_is_asked():
-    chooser = MethodChooser(["ngram", "suffix"])
-    gains = {"ngram": 0.5, "suffix": 2.0}
-    for _ in range(2 * TRIALS):
+def past_the_trials(gains: dict[str, float]) -> MethodChooser:
+    """A chooser among `gains`' drafters that has tried each of them TRIALS times."""
+    chooser = MethodChooser(list(gains))
+    for _ in range(len(gains) * TRIALS):
         ask(chooser, gains)
-    assert chooser.choose() == ("suffix", "best")
+    return chooser
+
+
+def test_after_the_trials_the_drafter_that_gained_most_is_asked():
+    assert past_the_trials({"ngram": 0.5, "suffix": 2.0}).choose() == ("suffix", "best")
 
 
 def test_a_drafter_that_gains_a_little_more_but_keeps_the_batch_waiting_longer_is_not_preferred():
-    chooser = MethodChooser(["suffix", "fused"])
-    gains = {"suffix": 0.40, "fused": 0.45}
-    for _ in range(2 * TRIALS):
-        ask(chooser, gains)
+    chooser = past_the_trials({"suffix": 0.40, "fused": 0.45})
     assert chooser.choose() == ("fused", "best")
     # fused waits for its slowest member: 2.5 ms against suffix's 1 ms, on a 12 ms step
     assert chooser.choose({"suffix": 1.0 / 12, "fused": 2.5 / 12}) == ("suffix", "best")
