@@ -24,7 +24,10 @@ CHAT_PROMPTS = [
     "Write a Python function that returns the squares of the numbers 1 to 5.",
 ]
 MAX_TOKENS = 40
-REPEATING_PROMPT = "Write the line 'one apple, two pears, three plums' five times, one per line."
+# The model answers it with one word over and over, to the last token: drafts land wherever the gate asks.
+# (Asked to write a line five times, it writes it once: a 10-token answer with a probe or two, which a gate
+# trained by the stack's earlier requests to skip may spend on a miss; a fresh-clone CI run saw 4 drafted, 0 kept.)
+REPEATING_PROMPT = "Write the word 'apple' twenty times, separated by spaces."
 
 
 def _speculative(method):
