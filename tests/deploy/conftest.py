@@ -79,7 +79,7 @@ def all_queries(panel_queries) -> list[Query]:
 # -- a live stack -----------------------------------------------------------------
 
 async def _send_requests(address: str) -> None:
-    # A prompt the n-gram drafter gets drafts accepted for (it repeats itself), and one plain request.
+    # A prompt whose answer copies it (the n-gram drafter gets drafts accepted), and one plain request.
     prompt = "Repeat after me three times: the quick brown fox jumps over the lazy dog."
     async with SpecdClient(address) as client:
         for method, max_tokens in (("ngram", 32), ("ngram", 12), ("none", 8)):
