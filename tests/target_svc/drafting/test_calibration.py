@@ -13,14 +13,14 @@ def test_estimates_are_taken_as_they_are_until_there_is_evidence():
     calibration = AcceptanceCalibration()
     assert calibration.corrected("ngram", chain(0.8, 0.8)) == chain(0.8, 0.8)
     calibration.observe("ngram", chain(0.8, 0.8), accepted=0)  # 1.44 tokens expected, none accepted
-    assert 0.8 < calibration.factor("ngram") < 1.0  # a little evidence moves them a little
+    assert 0.8 < calibration.factors("ngram")[0] < 1.0  # a little evidence moves them a little
 
 
 def test_a_method_whose_first_drafts_all_missed_is_scaled_down_not_silenced():
     calibration = AcceptanceCalibration()
     for _ in range(9):
         calibration.observe("trie", chain(1.0), accepted=0)
-    assert 0.4 < calibration.factor("trie") < 0.5
+    assert 0.4 < calibration.factors("trie")[0] < 0.5
 
 
 def test_a_drafter_whose_estimates_run_high_is_scaled_down_and_each_method_on_its_own():
@@ -31,8 +31,8 @@ def test_a_drafter_whose_estimates_run_high_is_scaled_down_and_each_method_on_it
         calibration.observe("ngram", chain(0.75, 1.0), accepted=0)
         calibration.observe("ngram", chain(0.75, 1.0), accepted=2)
         calibration.observe("suffix", chain(0.5), accepted=1)
-    assert calibration.factor("ngram") == pytest.approx(0.5, rel=0.05)
-    assert sum(calibration.corrected("ngram", chain(0.75, 1.0)).reaches()) == pytest.approx(0.75, rel=0.05)
+    assert calibration.factors("ngram")[:2] == pytest.approx([2 / 3, 1 / 3], rel=0.1)  # 2 of 4 reach depth 1, 1 depth 2
+    assert sum(calibration.corrected("ngram", chain(0.75, 1.0)).reaches()) == pytest.approx(0.75, rel=0.1)
     assert calibration.corrected("suffix", chain(0.5)).probs[0] > 0.8  # estimates that ran low: raised...
     assert calibration.corrected("suffix", chain(0.9)).probs == (1.0,)  # ...to at most 1
 
@@ -43,6 +43,30 @@ def test_a_tree_is_corrected_at_every_branch_from_the_root():
         calibration.observe("suffix", chain(1.0), accepted=0)
         calibration.observe("suffix", chain(1.0), accepted=1)
     tree = DraftTree((1, 2, 3), (-1, -1, 0), (0.6, 0.4, 0.5))
-    factor = calibration.factor("suffix")  # about a half
+    factor = calibration.factors("suffix")[0]  # about a half; depth 2 unseen, so its reaches scale alike
     assert calibration.corrected("suffix", tree).reaches() == pytest.approx([0.6 * factor, 0.4 * factor, 0.3 * factor])
     assert factor == pytest.approx(0.5, abs=0.05)
+
+
+def test_each_depth_is_corrected_by_how_far_the_estimates_there_came_true():
+    """A drafter sure of its deep tokens (a trie's long branches) that are rarely reached: its depth-1
+    estimates stand and its deeper ones fall, so the target stops verifying the tail; and a drafter
+    too modest about its deep tokens gets them raised."""
+    calibration = AcceptanceCalibration()
+    for _ in range(200):
+        calibration.observe("trie", chain(0.5, 1.0, 1.0), accepted=0)
+        calibration.observe("trie", chain(0.5, 1.0, 1.0), accepted=1)
+        calibration.observe("ngram", chain(0.5, 0.5), accepted=0)
+        calibration.observe("ngram", chain(0.5, 0.5), accepted=2)
+    assert calibration.factors("trie")[:3] == pytest.approx([1.0, 0.0, 0.0], abs=0.1)  # (the prior's bit left)
+    assert calibration.corrected("trie", chain(0.5, 1.0, 1.0)).reaches() == pytest.approx([0.5, 0.0, 0.0], abs=0.05)
+    assert calibration.factors("ngram")[:2] == pytest.approx([1.0, 2.0], rel=0.1)
+    assert calibration.corrected("ngram", chain(0.5, 0.5)).reaches() == pytest.approx([0.5, 0.5], abs=0.05)
+
+
+def test_siblings_raised_past_certainty_together_are_scaled_to_one():
+    calibration = AcceptanceCalibration()
+    for _ in range(200):
+        calibration.observe("lookahead", chain(0.25), accepted=1)  # four times as often as estimated
+    tree = DraftTree((1, 2, 3), (-1, -1, 0), (0.5, 0.25, 0.5))
+    assert calibration.corrected("lookahead", tree).probs == pytest.approx((2 / 3, 1 / 3, 0.5), rel=0.05)
