@@ -21,7 +21,8 @@ RECENT_DRAFTS = 256
 # were scaled to nothing would never be verified again, and so never be seen to recover), and a depth
 # rarely verified keeps its parent's factor.
 PRIOR_TOKENS = 8.0
-# Depths past this share its factor: few drafts reach them.
+# Depths past this are tallied with it (few drafts reach them), and a node there keeps its drafter's own
+# chance once its ancestor at this depth is scaled.
 MAX_DEPTH = 16
 
 
@@ -39,8 +40,8 @@ class _DepthTally:
         self.accepted = [a * keep for a in self.accepted]
         for reach, depth in zip(draft.reaches(), draft.depths()):
             self.expected[min(depth, MAX_DEPTH) - 1] += reach
-        for depth in range(1, min(accepted, MAX_DEPTH) + 1):
-            self.accepted[depth - 1] += 1.0
+        for depth in range(1, accepted + 1):
+            self.accepted[min(depth, MAX_DEPTH) - 1] += 1.0
 
     def factors(self) -> list[float]:
         """By depth (1 first), accepted over expected, drawn to the parent depth's factor (1 above the root)

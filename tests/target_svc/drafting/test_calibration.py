@@ -2,7 +2,7 @@
 import pytest
 
 from specd.drafts import DraftTree
-from target_svc.drafting.calibration import AcceptanceCalibration
+from target_svc.drafting.calibration import MAX_DEPTH, AcceptanceCalibration
 
 
 def chain(*probs):
@@ -70,3 +70,14 @@ def test_siblings_raised_past_certainty_together_are_scaled_to_one():
         calibration.observe("lookahead", chain(0.25), accepted=1)  # four times as often as estimated
     tree = DraftTree((1, 2, 3), (-1, -1, 0), (0.5, 0.25, 0.5))
     assert calibration.corrected("lookahead", tree).probs == pytest.approx((2 / 3, 1 / 3, 0.5), rel=0.05)
+
+
+def test_past_the_deepest_tallied_depth_a_drafters_own_estimates_stand():
+    """Long chains (`num_speculative_tokens` goes to 64) that come true all the way: their first MAX_DEPTH tokens are
+    raised to certainty, and the rest keep the drafter's own chance per token, not cut off."""
+    calibration = AcceptanceCalibration()
+    for _ in range(100):
+        calibration.observe("ngram", chain(*[0.9] * 24), accepted=24)
+    reaches = calibration.corrected("ngram", chain(*[0.9] * 24)).reaches()
+    assert reaches[:MAX_DEPTH] == pytest.approx([1.0] * MAX_DEPTH, abs=0.05)
+    assert reaches[MAX_DEPTH:] == pytest.approx([0.9 ** n for n in range(1, 24 - MAX_DEPTH + 1)], abs=0.05)
