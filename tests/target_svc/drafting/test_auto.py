@@ -67,6 +67,18 @@ def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_ear
     assert choices[-1] == "suffix"
 
 
+def test_the_record_a_new_sequence_starts_from_counts_the_asks_made_at_set_times_not_those_made_for_gains():
+    """A drafter asked because it was paying one sequence would look better to the next than it is."""
+    record = MethodRecord()
+    first = MethodChooser(["ngram", "suffix"], record)
+    for _ in range(2 * TRIALS):
+        ask(first, {"ngram": 0.5, "suffix": 0.4})
+    choices = [ask(first, {"ngram": 3.0, "suffix": 0.4}) for _ in range(4 * EXPLORE_EVERY)]  # a run n-gram finds
+    assert {why for _, why in choices} == {"best", "explore"}
+    assert record.gain["ngram"] == pytest.approx(0.5)  # its trials: its run was asked as "best"
+    assert record.gain["suffix"] == pytest.approx(0.4)
+
+
 def test_one_drafter_is_always_the_one_asked():
     chooser = MethodChooser(["ngram"])
     assert {ask(chooser, {"ngram": 0.0})[0] for _ in range(20)} == {"ngram"}
