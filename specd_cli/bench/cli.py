@@ -122,6 +122,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve_flags.add_argument("--num-prompts", type=int, default=64,
                              help="requests per method and concurrency, drawn from the prompt set (default 64)")
     serve_flags.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    serve_flags.add_argument("--rounds", type=int, default=4,
+                             help="the methods take turns over each level's prompts in this many slices, each of "
+                                  "at least twice the level's clients, in an order rotated each round, so that a "
+                                  "shared machine's drift falls on every method alike (default 4)")
     serve.set_defaults(run=run_serve)
     soak_cli.register(kinds)
 
@@ -275,7 +279,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
                     args.methods, args.draft_layers, args.protocol) as stack:
         settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
-                                 args.timeout, tuple(stack.own_gateways))
+                                 args.timeout, tuple(stack.own_gateways), args.rounds)
         async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
             runner = LoadRunner(gateway, settings, prompts)
             await runner.warm_up()
@@ -296,6 +300,7 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
              "arrivals": "closed loop" if closed_loop else f"Poisson {args.request_rate:g} req/s",
              "requests": f"{args.num_prompts} per method and concurrency from {source.name}",
              "warm-up": f"{args.warmup} untimed request(s) per method, excluded",
+             "rounds": f"up to {args.rounds} per level, methods in turn",
              **_stacks_shown(settings.own_stacks)}
     text = report.serve_report(summaries, report.header_line("serve", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {

@@ -27,7 +27,8 @@ class RequestRecord:
     finish_reason: str = ""
     error: str | None = None
     concurrency: int | None = None  # serving load only
-    sent_at_s: float = 0.0  # serving load only: seconds since the run started
+    sent_at_s: float = 0.0  # serving load only: seconds since its round started
+    load_round: int = 0  # serving load only: which of its level's rounds (each method's share of the prompts) it ran in
 
     @property
     def completion_tokens(self) -> int:

@@ -5,6 +5,13 @@ request as soon as its previous one ends. Poisson: requests are due at a
 seeded exponential spacing of mean 1/rate; at most `concurrency` are in flight,
 and one due while the cap is reached waits client-side (its latency is timed
 from when it is sent, as vLLM's benchmark does).
+
+Rounds: a level's prompts are split into `rounds` slices, and the methods take
+turns over each slice, in an order rotated from one round to the next (with two
+methods: A B B A ...). A shared machine drifts by several percent over minutes;
+a method whose whole level ran in a slow minute would carry that minute alone.
+A slice holds at least MIN_ROUND_CLIENTS times the level's clients, so every
+round reaches its full load (a level has fewer rounds where it cannot).
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from specd_cli.bench.prompts import Prompt
 from specd_cli.bench.records import RequestRecord
 from specd_cli.bench.spec_runner import WARMUP_PROMPT, rotated
 
+MIN_ROUND_CLIENTS = 2
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -35,6 +44,7 @@ class ServeSettings:
     warmup: int  # requests per method before measuring; excluded
     timeout_s: float
     own_stacks: tuple[str, ...] = ()  # methods that ran on a stack of their own
+    rounds: int = 1  # turns the methods take over each level's prompts
 
 
 def poisson_send_times(count: int, rate: float, seed: int) -> list[float]:
@@ -63,19 +73,23 @@ class LoadRunner:
         record.sent_at_s, record.concurrency = sent_at, concurrency
         return record
 
-    async def run_level(self, method: str, concurrency: int, bar: tqdm) -> list[RequestRecord]:
-        """All prompts for one method at one concurrency."""
+    async def run_level(self, method: str, concurrency: int, bar: tqdm, indices: range | None = None,
+                        load_round: int = 0) -> list[RequestRecord]:
+        """The prompts at `indices` (all by default) for one method at one concurrency."""
+        indices = indices if indices is not None else range(len(self.prompts))
         started, records = time.perf_counter(), []
-        due = poisson_send_times(len(self.prompts), self.settings.request_rate, self.settings.seed)
+        due = poisson_send_times(len(indices), self.settings.request_rate, self.settings.seed)
         in_flight = asyncio.Semaphore(concurrency)
 
-        async def one(index: int) -> None:
-            await asyncio.sleep(max(0.0, due[index] - (time.perf_counter() - started)))
+        async def one(position: int, index: int) -> None:
+            await asyncio.sleep(max(0.0, due[position] - (time.perf_counter() - started)))
             async with in_flight:
-                records.append(await self._send(index, method, concurrency, started))
+                record = await self._send(index, method, concurrency, started)
+                record.load_round = load_round
+                records.append(record)
                 bar.update()
 
-        await asyncio.gather(*(one(i) for i in range(len(self.prompts))))
+        await asyncio.gather(*(one(position, index) for position, index in enumerate(indices)))
         return records
 
     async def warm_up(self) -> None:
@@ -93,7 +107,16 @@ class LoadRunner:
         with tqdm(total=len(s.methods) * len(s.concurrencies) * len(self.prompts), unit="req", desc="bench serve",
                   dynamic_ncols=True) as bar:
             for level, concurrency in enumerate(s.concurrencies):
-                for method in rotated(s.methods, level):
-                    bar.set_postfix_str(f"{method} concurrency={concurrency}")
-                    records.extend(await self.run_level(method, concurrency, bar))
+                for load_round, indices in enumerate(self.slices(concurrency)):
+                    for method in rotated(s.methods, level + load_round):
+                        bar.set_postfix_str(f"{method} concurrency={concurrency} round={load_round + 1}")
+                        records.extend(await self.run_level(method, concurrency, bar, indices, load_round))
         return records
+
+    def slices(self, concurrency: int) -> list[range]:
+        """The level's prompts in up to `rounds` slices of nearly equal size, each of at least
+        MIN_ROUND_CLIENTS x `concurrency` prompts (or one slice of them all)."""
+        count = len(self.prompts)
+        rounds = max(1, min(self.settings.rounds, count // (MIN_ROUND_CLIENTS * concurrency)))
+        bounds = [count * n // rounds for n in range(rounds + 1)]
+        return [range(start, end) for start, end in zip(bounds, bounds[1:])]

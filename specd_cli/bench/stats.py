@@ -186,12 +186,16 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in PERCENTILES}
 
 
+def _span(records: list[RequestRecord]) -> float:
+    """Seconds from the first request sent to the last one finished."""
+    return max(r.sent_at_s + r.e2e_s for r in records) - min(r.sent_at_s for r in records)
+
+
 def summarize_serve_run(system: str, concurrency: int, records: list[RequestRecord]) -> ServeSummary:
-    """Duration: the first request sent -> the last request finished (failed ones included)."""
+    """Duration: the first request sent -> the last request finished (failed ones included), summed over the
+    rounds the records ran in."""
     ok = [r for r in records if r.ok]
-    start = min((r.sent_at_s for r in records), default=0.0)
-    end = max((r.sent_at_s + r.e2e_s for r in records), default=0.0)
-    duration = end - start
+    duration = sum(_span([r for r in records if r.load_round == n]) for n in {r.load_round for r in records})
     return ServeSummary(system, concurrency, len(records), len(records) - len(ok), duration,
                         len(ok) / duration if duration > 0 else 0.0,
                         sum(r.completion_tokens for r in ok) / duration if duration > 0 else 0.0,

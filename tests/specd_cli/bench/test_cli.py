@@ -42,9 +42,9 @@ def test_no_baselines_and_unknown_baselines():
         parser.parse_args(["bench", "spec", "--baselines", "vllm"])
 
 
-def test_serve_flags_default_to_a_closed_loop_over_four_concurrencies():
+def test_serve_flags_default_to_a_closed_loop_over_four_concurrencies_in_four_rounds():
     args = _build_parser().parse_args(["bench", "serve", "--num-prompts", "8"])
-    assert (args.concurrency, args.request_rate, args.num_prompts) == ([1, 4, 16, 64], math.inf, 8)
+    assert (args.concurrency, args.request_rate, args.num_prompts, args.rounds) == ([1, 4, 16, 64], math.inf, 8, 4)
 
 
 def test_a_missing_prompt_file_is_a_clear_error_before_anything_starts(tmp_path, capsys):

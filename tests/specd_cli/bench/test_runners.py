@@ -183,6 +183,28 @@ async def test_poisson_arrivals_are_spread_over_time():
     assert sent[-1] - sent[0] == pytest.approx(poisson_send_times(4, 50.0, 0)[-1], abs=0.05)
 
 
+async def test_methods_take_turns_over_slices_of_a_level_in_an_order_rotated_each_round():
+    gateway = FakeGateway()
+    prompts = [Prompt(str(i), "writing", f"question {i}") for i in range(8)]
+    runner = LoadRunner(gateway, serve_settings(concurrencies=[1], rounds=4), prompts)
+    records = await runner.run()
+    blocks = [(r.load_round, r.system) for r in records]
+    assert list(dict.fromkeys(blocks)) == [(0, "none"), (0, "ngram"), (1, "ngram"), (1, "none"),
+                                           (2, "none"), (2, "ngram"), (3, "ngram"), (3, "none")]
+    for method in ("none", "ngram"):
+        assert sorted(int(r.prompt_id) for r in records if r.system == method) == list(range(8))
+    assert [(r.load_round, r.prompt_id) for r in records if r.system == "none"] == [
+        (n // 2, str(n)) for n in range(8)]
+
+
+def test_a_level_has_fewer_rounds_where_a_slice_would_not_reach_its_full_load():
+    prompts = [Prompt(str(i), "writing", f"question {i}") for i in range(10)]
+    runner = LoadRunner(FakeGateway(), serve_settings(rounds=4), prompts)
+    assert runner.slices(1) == [range(0, 2), range(2, 5), range(5, 7), range(7, 10)]
+    assert runner.slices(2) == [range(0, 5), range(5, 10)]
+    assert runner.slices(8) == [range(0, 10)]
+
+
 async def test_a_load_run_covers_every_method_and_concurrency_and_counts_failures():
     runner = LoadRunner(FakeGateway(fail_methods={"ngram"}), serve_settings(), PROMPTS)
     records = await runner.run()

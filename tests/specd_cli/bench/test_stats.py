@@ -126,3 +126,12 @@ def test_serve_run_throughput_is_over_first_sent_to_last_finished():
     assert s.output_tokens_per_s == pytest.approx(40 / 4.0)
     assert set(s.ttft_s) == {"p50", "p95", "p99"}
     assert s.e2e_s["p50"] == pytest.approx(2.5)
+
+
+def test_serve_run_throughput_over_rounds_counts_each_rounds_span_and_not_the_time_between():
+    # The second round started while other methods had their turn: its times count from its own start.
+    rs = [record(tokens=[1] * 10, e2e_s=2.0, sent_at_s=0.5), record(tokens=[1] * 10, e2e_s=1.0, sent_at_s=0.0,
+                                                                  load_round=1)]
+    s = summarize_serve_run("ngram", 4, rs)
+    assert s.duration_s == pytest.approx(2.0 + 1.0)
+    assert s.output_tokens_per_s == pytest.approx(20 / 3.0)
