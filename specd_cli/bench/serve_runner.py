@@ -64,13 +64,14 @@ class LoadRunner:
         self.settings = settings
         self.prompts = prompts
 
-    async def _send(self, index: int, method: str, concurrency: int, started: float) -> RequestRecord:
+    async def _send(self, index: int, method: str, concurrency: int, load_round: int,
+                    started: float) -> RequestRecord:
         s = self.settings
         sent_at = time.perf_counter() - started
         seed = s.seed + index if s.temperature > 0 else None
         record = await self.gateway.timed_request(self.prompts[index], method, s.temperature, seed, s.max_tokens,
                                                   s.timeout_s)
-        record.sent_at_s, record.concurrency = sent_at, concurrency
+        record.sent_at_s, record.concurrency, record.load_round = sent_at, concurrency, load_round
         return record
 
     async def run_level(self, method: str, concurrency: int, bar: tqdm, indices: range | None = None,
@@ -84,9 +85,7 @@ class LoadRunner:
         async def one(position: int, index: int) -> None:
             await asyncio.sleep(max(0.0, due[position] - (time.perf_counter() - started)))
             async with in_flight:
-                record = await self._send(index, method, concurrency, started)
-                record.load_round = load_round
-                records.append(record)
+                records.append(await self._send(index, method, concurrency, load_round, started))
                 bar.update()
 
         await asyncio.gather(*(one(position, index) for position, index in enumerate(indices)))

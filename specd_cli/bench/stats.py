@@ -195,7 +195,10 @@ def summarize_serve_run(system: str, concurrency: int, records: list[RequestReco
     """Duration: the first request sent -> the last request finished (failed ones included), summed over the
     rounds the records ran in."""
     ok = [r for r in records if r.ok]
-    duration = sum(_span([r for r in records if r.load_round == n]) for n in {r.load_round for r in records})
+    rounds: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        rounds.setdefault(r.load_round, []).append(r)
+    duration = sum(map(_span, rounds.values()))
     return ServeSummary(system, concurrency, len(records), len(records) - len(ok), duration,
                         len(ok) / duration if duration > 0 else 0.0,
                         sum(r.completion_tokens for r in ok) / duration if duration > 0 else 0.0,
