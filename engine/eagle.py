@@ -10,65 +10,25 @@ from g_p as if it were a feature. The head attends over its own KV cache (positi
 The LM head is the target's, cut to a draft vocabulary (EAGLE-3's d2t): the target tokens the head
 may propose, most frequent first. On a small model the full vocabulary would be most of the head's
 cost. Files in a head directory: `eagle_config.json` (`EagleConfig`) and `model.safetensors` (`fc.weight`,
-`layers.0.*` named as in a Llama checkpoint, `draft_vocab`: the target token id of each draft id).
+`layers.0.*` named as in a Llama checkpoint, `draft_vocab`: the target token id of each draft id); or an
+EAGLE-1/EAGLE-2 head as EAGLE's authors publish them (`engine.eagle_checkpoints`).
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig
 
 from engine.attention import PagedAttention
 from engine.config import EngineConfig
+from engine.eagle_checkpoints import read_head
+from engine.eagle_config import WEIGHTS_FILE, EagleConfig
 from engine.linear_cpu import shared_runs
 from engine.llama import LlamaModel
 from engine.runner import ModelRunner, SequenceInput
 
-CONFIG_FILE = "eagle_config.json"
-WEIGHTS_FILE = "model.safetensors"
-
-
-@dataclass(frozen=True)
-class EagleConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    draft_vocab_size: int
-    target: str = ""  # the model the head was trained for
-
-    @classmethod
-    def for_target(cls, target: LlamaConfig, draft_vocab_size: int, target_name: str = "") -> EagleConfig:
-        """A head shaped like one of the target's layers."""
-        head_dim = getattr(target, "head_dim", None) or target.hidden_size // target.num_attention_heads
-        rope_theta = (getattr(target, "rope_parameters", None) or {}).get("rope_theta") or target.rope_theta
-        return cls(target.hidden_size, target.intermediate_size, target.num_attention_heads,
-                   target.num_key_value_heads, head_dim, target.rms_norm_eps, float(rope_theta),
-                   target.max_position_embeddings, draft_vocab_size, target_name)
-
-    def layer_config(self, vocab_size: int) -> LlamaConfig:
-        """The one decoder layer as a one-layer Llama config."""
-        return LlamaConfig(vocab_size=vocab_size, hidden_size=self.hidden_size,
-                           intermediate_size=self.intermediate_size, num_hidden_layers=1,
-                           num_attention_heads=self.num_attention_heads,
-                           num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
-                           rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
-                           max_position_embeddings=self.max_position_embeddings)
-
-    def save(self, directory: Path) -> None:
-        (directory / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")
-
-    @classmethod
-    def load(cls, directory: Path) -> EagleConfig:
-        return cls(**json.loads((Path(directory) / CONFIG_FILE).read_text()))
+__all__ = ["EagleConfig", "EagleHead", "EagleRunner", "WEIGHTS_FILE", "save_head", "target_embedding_and_lm_head"]
 
 
 def target_embedding_and_lm_head(target_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,30 +59,43 @@ class EagleHead(LlamaModel):
 
     def __init__(self, config: EagleConfig, head_state: dict[str, torch.Tensor], target_embed: torch.Tensor,
                  target_lm_head: torch.Tensor, engine: EngineConfig = EngineConfig()):
+        if config.hidden_size != target_embed.shape[1]:
+            raise ValueError(f"the EAGLE head is for a model of hidden size {config.hidden_size}; the target's is "
+                             f"{target_embed.shape[1]}")
         draft_vocab = head_state["draft_vocab"].long()
         state = {name: t for name, t in head_state.items() if name.startswith("layers.0.")}
         state.update({"embed_tokens.weight": target_embed, "lm_head.weight": target_lm_head[draft_vocab],
                       "norm.weight": torch.ones(config.hidden_size)})  # no final norm: g_p is a feature already
+        if not config.input_norm:  # a placeholder the layer never reads (see _first_layer_input)
+            state["layers.0.input_layernorm.weight"] = torch.ones(config.hidden_size)
         super().__init__(config.layer_config(target_embed.shape[0]), state, engine)
         self.eagle_config = config
         self.fc = self.linear.prepare(head_state["fc.weight"].to(device=engine.device, dtype=engine.dtype))  # [D, 2D]
+        self.fc_bias = head_state["fc.bias"].to(device=engine.device, dtype=engine.dtype) if config.fc_bias else None
         self.draft_vocab = draft_vocab.to(engine.device)  # [V'] target token ids
 
     @classmethod
     def from_pretrained(cls, head_dir: str | Path, target_dir: str | Path,  # type: ignore[override]
                         engine: EngineConfig = EngineConfig()) -> EagleHead:
-        """The head in `head_dir`, with the embedding and LM head of the target model in `target_dir`."""
-        return cls(EagleConfig.load(Path(head_dir)), load_file(Path(head_dir) / WEIGHTS_FILE),
-                   *target_embedding_and_lm_head(target_dir), engine)
+        """The head in `head_dir` (trained here or published by EAGLE's authors), with the embedding and LM
+        head of the target model in `target_dir`."""
+        embed, lm_head = target_embedding_and_lm_head(target_dir)
+        return cls(*read_head(head_dir, embed.shape[0]), embed, lm_head, engine)
 
     def draft(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
               attention: PagedAttention, logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pairs (x_{p+1}, f_p): input_ids [T], features [T, D], positions [T] (p) -> fp32 logits over the
         draft vocabulary [R, V'] of the rows `logit_rows`, and the estimated next features g [T, D]."""
         x = torch.cat([self.embedding(input_ids), features.to(self.embed.dtype)], dim=-1)  # [T, 2D]
-        g = self.final_hidden(self.linear.by_rows(x, self.fc, attention.matmul_rows), positions, attention)
+        h = self.linear.by_rows(x, self.fc, attention.matmul_rows)
+        if self.fc_bias is not None:
+            h += self.fc_bias
+        g = self.final_hidden(h, positions, attention)
         rows = g[logit_rows]
         return self.linear.by_rows(rows, self.lm_head, shared_runs(0, rows.shape[0])).float(), g
+
+    def _first_layer_input(self, h: torch.Tensor) -> torch.Tensor:
+        return super()._first_layer_input(h) if self.eagle_config.input_norm else h
 
 
 class EagleRunner(ModelRunner):

@@ -16,8 +16,8 @@ class EagleHeadModule(nn.Module):
         super().__init__()
         d, heads, kv, dh = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.config = config
-        self.fc = nn.Linear(2 * d, d, bias=False)
-        self.input_norm = nn.Parameter(torch.ones(d))
+        self.fc = nn.Linear(2 * d, d, bias=config.fc_bias)
+        self.input_norm = nn.Parameter(torch.ones(d)) if config.input_norm else None
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, n * dh, bias=False) for n in (heads, kv, kv))
         self.o_proj = nn.Linear(heads * dh, d, bias=False)
         self.post_norm = nn.Parameter(torch.ones(d))
@@ -39,7 +39,7 @@ class EagleHeadModule(nn.Module):
         c = self.config
         b, t, _ = features.shape
         h = self.fc(torch.cat([F.embedding(input_ids, self.embed), features], dim=-1))  # [B, T, D]
-        x = _rms_norm(h, self.input_norm, c.rms_norm_eps)
+        x = h if self.input_norm is None else _rms_norm(h, self.input_norm, c.rms_norm_eps)
         q, k, v = (proj(x).view(b, t, -1, c.head_dim).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))  # [B, H or KV, T, Dh]
         cos, sin = self._rope(t, x.device)
@@ -66,11 +66,13 @@ class EagleHeadModule(nn.Module):
                 tensor.copy_(state[name])
 
     def _by_inference_name(self) -> dict[str, torch.Tensor]:
-        layer = {"input_layernorm.weight": self.input_norm, "post_attention_layernorm.weight": self.post_norm,
+        layer = {"post_attention_layernorm.weight": self.post_norm,
                  **{f"self_attn.{n}.weight": getattr(self, n).weight for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
                  **{f"mlp.{n}.weight": getattr(self, n).weight for n in ("gate_proj", "up_proj", "down_proj")}}
-        return {**{f"layers.0.{name}": w for name, w in layer.items()}, "fc.weight": self.fc.weight,
-                "draft_vocab": self.draft_vocab}
+        if self.input_norm is not None:
+            layer["input_layernorm.weight"] = self.input_norm
+        fc = {"fc.weight": self.fc.weight, **({"fc.bias": self.fc.bias} if self.fc.bias is not None else {})}
+        return {**{f"layers.0.{name}": w for name, w in layer.items()}, **fc, "draft_vocab": self.draft_vocab}
 
     def _rope(self, t: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = torch.arange(t, device=device).float()[:, None] * self.inv_freq[None, :]  # [T, Dh/2]

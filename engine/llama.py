@@ -141,7 +141,7 @@ class LlamaModel:
         """The residual stream [T, D] from the input embeddings `h` through every layer (h is updated in place),
         before the final norm."""
         cos, sin = self.rope.tables(positions)
-        x = kernels.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
+        x = self._first_layer_input(h)
         for i, layer in enumerate(self.layers):
             x = kernels.add_rms_norm(h, self._attention(i, layer, x, cos, sin, attention), layer.post_norm, self.eps)
             mlp = self._mlp(layer, x, attention.matmul_rows)
@@ -150,6 +150,10 @@ class LlamaModel:
             else:
                 h.add_(mlp)
         return h
+
+    def _first_layer_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What the first layer's attention reads of the residual stream h: its input norm of it."""
+        return kernels.add_rms_norm(h, None, self.layers[0].input_norm, self.eps)
 
     def normed(self, h: torch.Tensor) -> torch.Tensor:
         """The final norm of residual rows h [R, D]: the features the LM head reads (and EAGLE's input)."""

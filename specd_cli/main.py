@@ -174,8 +174,9 @@ def _add_draft_model_flags(parser: argparse.ArgumentParser) -> None:
                        help="run only the draft model's first N layers, then its final norm and LM head "
                             "(LayerSkip's early exit: the target's own first layers as a self-speculative draft)")
     group.add_argument("--eagle-head", default=None, metavar="DIR",
-                       help="eagle: a head directory from `specd train eagle` (default: the head shipped for "
-                            "the model)")
+                       help="eagle: a head directory from `specd train eagle`, or an EAGLE-1/EAGLE-2 head as "
+                            "EAGLE's authors publish them (config.json + pytorch_model.bin or model.safetensors); "
+                            "default: the head shipped for the model")
 
 
 def _draft_model_args(args: argparse.Namespace) -> list[str]:

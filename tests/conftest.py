@@ -74,6 +74,47 @@ def write_random_head(model_dir: Path, path: Path, draft_vocab_size: int = 300, 
     return module
 
 
+def write_published_head(model_dir: Path, path: Path, weights_file: str = "pytorch_model.bin", seed: int = 0):
+    """A random EAGLE-1/EAGLE-2 head for the model in `model_dir`, laid out as EAGLE's authors publish theirs
+    (a one-layer Llama `config.json`; `fc.weight`, `fc.bias`, `layers.0.*` without an input norm, and the
+    target's `embed_tokens.weight`, in `weights_file`), with its training module."""
+    from dataclasses import replace
+
+    from engine.eagle import EagleConfig, target_embedding_and_lm_head
+    from engine.eagle_module import EagleHeadModule
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    embed, lm_head = target_embedding_and_lm_head(model_dir)
+    target = AutoConfig.from_pretrained(model_dir)
+    config = replace(EagleConfig.for_target(target, embed.shape[0]), input_norm=False, fc_bias=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = EagleHeadModule(config, embed, lm_head, torch.arange(embed.shape[0]))
+        module.post_norm.data.uniform_(0.5, 1.5)
+        module.fc.bias.data.normal_(std=0.5)
+    path.mkdir(parents=True, exist_ok=True)
+    LlamaConfig(**{**target.to_dict(), "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}).to_json_file(
+        path / "config.json")
+    weights = {name: t for name, t in module.inference_state().items() if name != "draft_vocab"}
+    weights["embed_tokens.weight"] = embed.clone()
+    if weights_file.endswith(".safetensors"):
+        save_file(weights, path / weights_file)
+    else:
+        torch.save(weights, path / weights_file)
+    return module
+
+
+@pytest.fixture
+def make_published_head(tiny_model_dir, tmp_path_factory):
+    """Writes a random EAGLE-1/EAGLE-2 head for the tiny model in EAGLE's published layout, its weights in the
+    file named; returns (its directory, its training module)."""
+    def make(weights_file: str = "pytorch_model.bin"):
+        path = tmp_path_factory.mktemp("published-head")
+        return path, write_published_head(tiny_model_dir, path, weights_file)
+    return make
+
+
 @pytest.fixture(scope="session")
 def tiny_head(tiny_model_dir, tmp_path_factory):
     """A random EAGLE head for the tiny model: (its directory, its training module)."""

@@ -28,7 +28,8 @@ def register(commands) -> None:
     eagle.add_argument("--max-new-tokens", type=int, default=256,
                        help="--responses target: the longest answer, in tokens (default 256)")
     eagle.add_argument("--init", type=Path, default=None, metavar="DIR",
-                       help="start from this head (its draft vocabulary too) instead of from scratch")
+                       help="start from this head of `specd train eagle` (its draft vocabulary too) instead of "
+                            "from scratch")
     eagle.add_argument("--max-tokens", type=int, default=1_000_000, help="tokens of data to prepare (default 1M)")
     eagle.add_argument("--max-length", type=int, default=1024, help="longest conversation, in tokens (default 1024)")
     eagle.add_argument("--epochs", type=float, default=2.0, help="passes over the data (default 2)")
@@ -49,9 +50,13 @@ def _train_eagle(args: argparse.Namespace) -> int:
 
     from engine.config import EngineConfig
     from engine.eagle import target_embedding_and_lm_head
+    from engine.eagle_config import CONFIG_FILE
     from specd.model_store import resolve_model
     from specd_cli.train import data, eagle
 
+    if args.init is not None and not (args.init / CONFIG_FILE).exists():
+        raise SystemExit(f"specd train eagle: --init {args.init}: not a head of `specd train eagle` (no {CONFIG_FILE}); "
+                         "a head as EAGLE's authors publish it is served as it is, with --eagle-head")
     try:
         engine = EngineConfig.parse(args.device, args.dtype)
         model_dir = resolve_model(args.model)

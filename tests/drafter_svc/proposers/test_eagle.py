@@ -96,6 +96,15 @@ def test_the_chain_is_the_heads_greedy_chain_from_the_targets_features(proposer,
     assert draft.is_chain and all(0 < p <= 1 for p in draft.probs)
 
 
+def test_a_head_as_eagles_authors_publish_it_drafts_its_greedy_chain_with_no_training(make_published_head,
+                                                                                        tiny_model_dir, target):
+    directory, module = make_published_head()
+    proposer = EagleProposer(str(directory), str(tiny_model_dir), kv_cache_tokens=256)
+    features = features_of(target, PROMPT)
+    [draft] = proposer.propose([sync(SequenceRegistry(), "s", PROMPT, features)])
+    assert list(draft.token_ids) == module_chain(module, PROMPT, features.to(torch.bfloat16), 3)
+
+
 def test_after_a_step_the_accepted_tokens_features_replace_the_heads_estimates(proposer, tiny_head, target):
     registry = SequenceRegistry()
     proposer.propose([sync(registry, "s", PROMPT, features_of(target, PROMPT))])

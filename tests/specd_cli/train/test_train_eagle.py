@@ -73,3 +73,11 @@ def test_target_responses_are_the_targets_own_greedy_answers_to_the_first_user_t
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
         assert ids == expected
     assert runner.allocator.num_free_blocks == runner.allocator.num_blocks
+
+
+def test_init_from_a_published_head_is_refused_before_any_work_and_points_to_serving_it(make_published_head,
+                                                                                       chats, tmp_path):
+    directory, _ = make_published_head()
+    with pytest.raises(SystemExit, match="--eagle-head"):
+        main(["train", "eagle", "--data", str(chats), "--output", str(tmp_path / "out"), "--init", str(directory)])
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,75 @@
+"""EAGLE heads as EAGLE's authors publish them load with no training: the paged head computes what EAGLE's
+layout defines (fc with its bias, a first layer without an input norm, the target's whole vocabulary),
+from `pytorch_model.bin` or `model.safetensors`; what it cannot run is refused by name."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.eagle import EagleRunner
+from engine.eagle_checkpoints import read_head
+from engine.runner import SequenceInput
+
+
+def pairs(n: int, seed: int) -> tuple[list[int], torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 49152, (n,), generator=g).tolist(), torch.randn(n, 64, generator=g)
+
+
+@pytest.mark.parametrize("weights_file", ["pytorch_model.bin", "model.safetensors"])
+def test_a_published_head_drafts_what_eagles_layout_computes(weights_file, make_published_head, tiny_model_dir):
+    directory, module = make_published_head(weights_file)
+    runner = EagleRunner(directory, tiny_model_dir, kv_cache_tokens=64, block_size=4)
+    assert runner.model.eagle_config.draft_vocab_size == 49152 and not runner.model.eagle_config.input_norm
+    ids, features = pairs(8, seed=2)
+    with torch.no_grad():
+        g = module(torch.tensor([ids]), features[None])[0]
+        expected_logits = module.logits(g)
+    logits, out = runner.draft([SequenceInput("s", ids[:5], 0, num_logits=5)], features[:5])
+    more_logits, more = runner.draft([SequenceInput("s", ids[5:], 5, num_logits=3)], features[5:])
+    torch.testing.assert_close(torch.cat([out, more]), g, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.cat([logits, more_logits]), expected_logits, atol=1e-4, rtol=0)
+
+
+def test_the_bias_and_the_missing_input_norm_both_change_the_drafts(make_published_head):
+    """Read as a specd head (an input norm, no bias), the same weights would draft something else: both of
+    the layout's differences are in play in the test above."""
+    _, module = make_published_head()
+    ids, features = pairs(4, seed=3)
+    with torch.no_grad():
+        published = module(torch.tensor([ids]), features[None])
+        module.input_norm = torch.nn.Parameter(torch.ones(64))
+        normalized = module(torch.tensor([ids]), features[None])
+        module.input_norm = None
+        module.fc.bias.zero_()
+        without_bias = module(torch.tensor([ids]), features[None])
+    assert not torch.allclose(published, normalized, atol=1e-3)
+    assert not torch.allclose(published, without_bias, atol=1e-3)
+
+
+def test_an_eagle3_head_is_refused_by_name(make_published_head):
+    directory, _ = make_published_head("model.safetensors")
+    save_file({"midlayer.self_attn.q_proj.weight": torch.zeros(64, 128), "d2t": torch.zeros(8, dtype=torch.long),
+               "fc.weight": torch.zeros(64, 192)}, directory / "model.safetensors")
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        read_head(directory, 49152)
+
+
+def test_a_head_for_another_vocabulary_is_refused(make_published_head):
+    directory, _ = make_published_head()
+    with pytest.raises(ValueError, match="vocabulary of 49152 tokens; the target has 32000"):
+        read_head(directory, 32000)
+
+
+def test_a_head_of_several_layers_is_refused(make_published_head):
+    directory, _ = make_published_head()
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    with pytest.raises(ValueError, match="2 layers"):
+        read_head(directory, 49152)
+
+
+def test_a_directory_without_a_head_says_what_it_looked_for(tmp_path):
+    with pytest.raises(FileNotFoundError, match="eagle_config.json.*config.json"):
+        read_head(tmp_path, 49152)
