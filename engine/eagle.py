@@ -19,16 +19,19 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
 
 from engine.attention import PagedAttention
 from engine.config import EngineConfig
 from engine.eagle_checkpoints import read_head
+from engine.eagle3 import Eagle3Head
 from engine.eagle_config import WEIGHTS_FILE, EagleConfig
 from engine.linear_cpu import shared_runs
 from engine.llama import LlamaModel
 from engine.runner import ModelRunner, SequenceInput
 
-__all__ = ["EagleConfig", "EagleHead", "EagleRunner", "WEIGHTS_FILE", "save_head", "target_embedding_and_lm_head"]
+__all__ = ["EagleConfig", "EagleHead", "EagleRunner", "WEIGHTS_FILE", "load_head", "save_head",
+           "target_embedding_and_lm_head"]
 
 
 def target_embedding_and_lm_head(target_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,14 +77,6 @@ class EagleHead(LlamaModel):
         self.fc_bias = head_state["fc.bias"].to(device=engine.device, dtype=engine.dtype) if config.fc_bias else None
         self.draft_vocab = draft_vocab.to(engine.device)  # [V'] target token ids
 
-    @classmethod
-    def from_pretrained(cls, head_dir: str | Path, target_dir: str | Path,  # type: ignore[override]
-                        engine: EngineConfig = EngineConfig()) -> EagleHead:
-        """The head in `head_dir` (trained here or published by EAGLE's authors), with the embedding and LM
-        head of the target model in `target_dir`."""
-        embed, lm_head = target_embedding_and_lm_head(target_dir)
-        return cls(*read_head(head_dir, embed.shape[0]), embed, lm_head, engine)
-
     def draft(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
               attention: PagedAttention, logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pairs (x_{p+1}, f_p): input_ids [T], features [T, D], positions [T] (p) -> fp32 logits over the
@@ -98,6 +93,17 @@ class EagleHead(LlamaModel):
         return super()._first_layer_input(h) if self.eagle_config.input_norm else h
 
 
+def load_head(head_dir: str | Path, target_dir: str | Path,
+              engine: EngineConfig = EngineConfig()) -> EagleHead | Eagle3Head:
+    """The head in `head_dir` (trained here, or published by EAGLE's authors: EAGLE-1/2 or EAGLE-3), with the
+    embedding (and for EAGLE-1/2 the LM head) of the target model in `target_dir`."""
+    embed, lm_head = target_embedding_and_lm_head(target_dir)
+    config, state = read_head(head_dir, embed.shape[0], AutoConfig.from_pretrained(target_dir).num_hidden_layers)
+    if config.target_layers:
+        return Eagle3Head(config, state, embed, engine)
+    return EagleHead(config, state, embed, lm_head, engine)
+
+
 class EagleRunner(ModelRunner):
     """The head on its own paged KV cache, batched like the target: a sequence's rows are its pairs
     (x_{p+1}, f_p) at positions p (SequenceInput.token_ids holds the x_{p+1})."""
@@ -105,12 +111,12 @@ class EagleRunner(ModelRunner):
     def __init__(self, head_dir: str | Path, target_dir: str | Path, kv_cache_tokens: int = 65536,
                  block_size: int = 16, num_threads: int | None = None, engine: EngineConfig = EngineConfig()):
         # Not ModelRunner.__init__, which would load the whole target: only its embedding and LM head.
-        self._serve(lambda: EagleHead.from_pretrained(head_dir, target_dir, engine), engine, num_threads,
-                    kv_cache_tokens, block_size)
+        self._serve(lambda: load_head(head_dir, target_dir, engine), engine, num_threads, kv_cache_tokens, block_size)
 
     def draft(self, batch: list[SequenceInput], features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward over every sequence's new pairs, features [T, D] in batch order: fp32 logits over the
-        draft vocabulary [sum(num_logits), V'] and the estimated next features g [T, D]."""
+        """One forward over every sequence's new pairs, features in batch order ([T, D]; EAGLE-3: [T, 3D] as the
+        target sends them, or [T, D] its own estimates): fp32 logits over the draft vocabulary
+        [sum(num_logits), V'] and the estimated next features g [T, D]."""
         attention, input_ids, positions, logit_rows = self._plan(batch)
         with torch.inference_mode():
             return self.model.draft(input_ids, features.to(self.device), positions, attention, logit_rows)

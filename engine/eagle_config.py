@@ -27,6 +27,14 @@ class EagleConfig:
     # have a bias. `specd train eagle` heads normalize the layer's input and have none.
     input_norm: bool = True
     fc_bias: bool = False
+    # EAGLE-3: the target layers whose input (the residual stream entering them) the head drafts from,
+    # concatenated, fc taking them to one feature; () EAGLE-1/EAGLE-2's final-normed feature.
+    target_layers: tuple[int, ...] = ()
+
+    @property
+    def feature_size(self) -> int:
+        """The width of a token's features as the target sends them."""
+        return self.hidden_size * max(1, len(self.target_layers))
 
     @classmethod
     def for_target(cls, target: LlamaConfig, draft_vocab_size: int, target_name: str = "") -> EagleConfig:
@@ -51,4 +59,5 @@ class EagleConfig:
 
     @classmethod
     def load(cls, directory: Path) -> EagleConfig:
-        return cls(**json.loads((Path(directory) / CONFIG_FILE).read_text()))
+        fields = json.loads((Path(directory) / CONFIG_FILE).read_text())
+        return cls(**{**fields, "target_layers": tuple(fields.get("target_layers", ()))})

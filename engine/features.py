@@ -29,9 +29,11 @@ def from_bytes(data: bytes, dtype: str, hidden_size: int) -> torch.Tensor:
 
 
 class FeatureLog:
-    """A sequence's features by position, for positions 0..length-1 (grown as tokens are committed)."""
+    """A sequence's features by position, for positions 0..length-1 (grown as tokens are committed): of the
+    target `layers` (their inputs, concatenated), or () the final-normed output."""
 
-    def __init__(self):
+    def __init__(self, layers: tuple[int, ...] = ()):
+        self.layers = layers
         self._rows: torch.Tensor | None = None  # [capacity, D] in WIRE_DTYPE, on the CPU
         self.length = 0
 

@@ -90,6 +90,24 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+class LayerInputs:
+    """Rows of the residual stream entering some of the layers, kept as a forward passes them (EAGLE-3
+    drafts from three layers' of the target)."""
+
+    def __init__(self, layers: tuple[int, ...], rows: torch.Tensor):
+        self.layers, self.rows = layers, rows
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def see(self, layer: int, h: torch.Tensor) -> None:
+        """h [T, D] is the residual stream entering `layer`."""
+        if layer in self.layers:
+            self._kept[layer] = h[self.rows]  # a copy: h goes on changing in place
+
+    def concatenated(self) -> torch.Tensor:
+        """[len(rows), len(layers) * D], the layers in the order asked."""
+        return torch.cat([self._kept[layer] for layer in self.layers], dim=-1)
+
+
 class LlamaModel:
     """Weights plus the forward pass; holds no per-sequence state (that lives in the KV cache)."""
 
@@ -137,12 +155,15 @@ class LlamaModel:
         """[T] -> [T, D]"""
         return F.embedding(input_ids, self.embed)
 
-    def final_hidden(self, h: torch.Tensor, positions: torch.Tensor, attention: PagedAttention) -> torch.Tensor:
+    def final_hidden(self, h: torch.Tensor, positions: torch.Tensor, attention: PagedAttention,
+                     layer_inputs: LayerInputs | None = None) -> torch.Tensor:
         """The residual stream [T, D] from the input embeddings `h` through every layer (h is updated in place),
-        before the final norm."""
+        before the final norm; `layer_inputs` keeps its rows of the stream entering the layers it names."""
         cos, sin = self.rope.tables(positions)
         x = self._first_layer_input(h)
         for i, layer in enumerate(self.layers):
+            if layer_inputs is not None:
+                layer_inputs.see(i, h)
             x = kernels.add_rms_norm(h, self._attention(i, layer, x, cos, sin, attention), layer.post_norm, self.eps)
             mlp = self._mlp(layer, x, attention.matmul_rows)
             if i + 1 < len(self.layers):

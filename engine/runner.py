@@ -12,7 +12,7 @@ import kernels
 from engine.attention import PagedAttention, SeqSpan
 from engine.config import EngineConfig
 from engine.kv_cache import BlockAllocator, KVCache, OutOfBlocks, kv_bytes_per_token
-from engine.llama import LlamaModel
+from engine.llama import LayerInputs, LlamaModel
 
 
 @dataclass
@@ -91,15 +91,23 @@ class ModelRunner:
         """
         return self.forward_with_features(batch, [])[0]
 
-    def forward_with_features(self, batch: list[SequenceInput],
-                              feature_rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward`, and the final-normed hidden states [len(feature_rows), D] (in the engine's dtype) of the
-        new tokens at those flattened rows: the features an EAGLE head drafts from."""
+    def forward_with_features(self, batch: list[SequenceInput], feature_rows: list[int],
+                              feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, and the features an EAGLE head drafts from, of the new tokens at the flattened rows
+        `feature_rows`, in the engine's dtype: the final-normed hidden states [len(feature_rows), D], or with
+        `feature_layers` the residual stream entering each of those layers, concatenated [.., len * D] (EAGLE-3)."""
+        num_layers = self.config.num_hidden_layers
+        if any(not 0 <= layer < num_layers for layer in feature_layers):
+            raise ValueError(f"feature_layers {feature_layers}: the model's layers are 0..{num_layers - 1}")
         attention, input_ids, positions, logit_rows = self._plan(batch)
         with torch.inference_mode():
-            h = self.model.final_hidden(self.model.embedding(input_ids), positions, attention)  # [T, D]
             rows = torch.tensor(feature_rows, dtype=torch.int64, device=self.device)
-            features = self.model.normed(h[rows]) if feature_rows else h[rows]
+            layer_inputs = LayerInputs(feature_layers, rows) if feature_layers else None
+            h = self.model.final_hidden(self.model.embedding(input_ids), positions, attention, layer_inputs)  # [T, D]
+            if layer_inputs is not None:
+                features = layer_inputs.concatenated()
+            else:
+                features = self.model.normed(h[rows]) if feature_rows else h[rows]
             return self.model.logits(h, logit_rows), features
 
     def _plan(self, batch: list[SequenceInput]) -> tuple[PagedAttention, torch.Tensor, torch.Tensor, torch.Tensor]:

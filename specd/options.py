@@ -66,6 +66,9 @@ class OptionSchema:
     known: bool = True
     wants_features: bool = False  # the method drafts from the target's features (EAGLE)
     learns_outputs: bool = False  # its drafter learns from whole outputs of finished sequences
+    # With wants_features: the target layers whose input it drafts from, concatenated (EAGLE-3); () the last
+    # layer's output after the final norm (EAGLE).
+    feature_layers: tuple[int, ...] = ()
 
     def resolve(self, given: Mapping[str, Any], field_prefix: str = "speculative.options") -> dict[str, OptionValue]:
         """Every option of the method: the given ones checked, the rest at their defaults."""
@@ -89,12 +92,13 @@ class OptionSchema:
     def to_pb(self) -> common_pb2.MethodInfo:
         return common_pb2.MethodInfo(method=self.method, options=[o.to_pb() for o in self.options],
                                      options_unknown=not self.known, wants_features=self.wants_features,
-                                     learns_outputs=self.learns_outputs)
+                                     learns_outputs=self.learns_outputs, feature_layers=self.feature_layers)
 
     @classmethod
     def from_pb(cls, pb: common_pb2.MethodInfo) -> OptionSchema:
         return cls(pb.method, tuple(Option.from_pb(o) for o in pb.options), known=not pb.options_unknown,
-                   wants_features=pb.wants_features, learns_outputs=pb.learns_outputs)
+                   wants_features=pb.wants_features, learns_outputs=pb.learns_outputs,
+                   feature_layers=tuple(pb.feature_layers))
 
 
 def options_from_pb(pb: struct_pb2.Struct, field_prefix: str = "speculative.options") -> dict[str, Any]:

@@ -460,10 +460,10 @@ class Scheduler:
         started = time.perf_counter()
         inputs = [item.input() for item in plan]
         shape = StepShape.of((i.start_position, len(i.token_ids)) for i in inputs)
-        feature_rows = self._feature_rows(plan, inputs)
+        feature_rows, feature_layers = self._feature_rows(plan, inputs)
         if feature_rows:
             logits, features = self._runner.forward_with_features(inputs, [r for rows in feature_rows.values()
-                                                                           for r in rows])
+                                                                           for r in rows], feature_layers)
         else:
             logits = self._runner.forward(inputs)
         verified = [item for item in plan if item.wants_logits]
@@ -485,18 +485,34 @@ class Scheduler:
         self._metrics.step_tokens.observe(shape.tokens)
         return [next(in_order) if item.wants_logits else None for item in plan]
 
-    def _feature_rows(self, plan: list[Scheduled], inputs: list[SequenceInput]) -> dict[int, list[int]]:
+    def _feature_rows(self, plan: list[Scheduled],
+                      inputs: list[SequenceInput]) -> tuple[dict[int, list[int]], tuple[int, ...]]:
         """By plan index, the flattened rows of the step whose features the sequence's drafter drafts from:
-        every new token of a sequence that keeps a feature log from its first token on."""
-        rows, first = {}, 0
+        every new token of a sequence that keeps a feature log from its first token on; and which features
+        (the target layers whose input, () the final-normed output). A step computes one kind: a sequence
+        whose drafter drafts from another (a drafter restarted with another head, or two such drafters
+        served at once) loses its log, and with it its drafts: speed, never output."""
+        rows, first, layers = {}, 0, None
         for index, (item, inp) in enumerate(zip(plan, inputs)):
-            seq = item.seq
-            if seq.features is None and inp.start_position == 0 and self._drafters.wants_features(seq):
-                seq.features = FeatureLog()
+            seq, wanted = item.seq, self._servable(self._drafters.feature_layers(item.seq))
+            if seq.features is not None and seq.features.layers != wanted:
+                seq.features = None
+            if seq.features is None and inp.start_position == 0 and wanted is not None:
+                seq.features = FeatureLog(wanted)
             if seq.features is not None and inp.start_position <= seq.features.length:
-                rows[index] = list(range(first, first + len(inp.token_ids)))
+                layers = seq.features.layers if layers is None else layers
+                if seq.features.layers == layers:
+                    rows[index] = list(range(first, first + len(inp.token_ids)))
+                else:
+                    seq.features = None
             first += len(inp.token_ids)
-        return rows
+        return rows, layers or ()
+
+    def _servable(self, layers: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """`layers` if this model has them all: a drafter asking for a layer it lacks gets no features (and
+        drafts nothing), rather than failing the steps of everyone."""
+        num_layers = self._runner.config.num_hidden_layers
+        return layers if layers is None or all(0 <= layer < num_layers for layer in layers) else None
 
     def _keep_features(self, plan: list[Scheduled], feature_rows: dict[int, list[int]], features: torch.Tensor,
                        results: dict[int, VerifyResult]) -> None:

@@ -1,6 +1,6 @@
-"""EAGLE drafts: the head (engine.eagle) runs on its own paged KV cache over pairs (x_{p+1}, f_p) of each
-sequence's committed tokens and the target's features, then drafts a chain from its own estimated
-features, batched across sequences.
+"""EAGLE drafts: the head (engine.eagle, or engine.eagle3 for an EAGLE-3 head) runs on its own paged KV cache
+over pairs (x_{p+1}, f_p) of each sequence's committed tokens and the target's features, then drafts a chain
+or a tree from its own estimated features, batched across sequences.
 
 A sequence's head cache holds the pairs up to the newest feature the target sent (the features of
 positions 0..n-2 for n committed tokens); the pairs a draft added (on estimated features) are cut off at
@@ -34,14 +34,14 @@ class EagleState:
     features: FeatureLog = field(default_factory=FeatureLog)
     cached_pairs: int = 0  # pairs 0..cached_pairs-1, each on the target's own feature
 
-    def take(self, sequence: SequenceState, hidden_size: int) -> None:
+    def take(self, sequence: SequenceState, feature_size: int) -> None:
         """The features the target sent since the last step; a piece that does not follow what is held
         (a resync) starts the features over from its position."""
         for update in sequence.new_features:
-            if update.hidden_size != hidden_size or update.start_position > self.features.length:
+            if update.hidden_size != feature_size or update.start_position > self.features.length:
                 continue  # a stranger's hidden size or a gap: keep what is held
             self.features.truncate(update.start_position)
-            self.features.write(update.start_position, from_bytes(update.data, update.dtype, hidden_size))
+            self.features.write(update.start_position, from_bytes(update.data, update.dtype, feature_size))
             self.cached_pairs = min(self.cached_pairs, update.start_position)
         sequence.new_features.clear()
 
@@ -128,7 +128,8 @@ class EagleDrafter(ModelDrafter):
         engine = EngineConfig.parse(device, dtype)
         self.runner = EagleRunner(head, resolve_model(model), kv_cache_tokens=kv_cache_tokens,
                                   num_threads=num_threads, engine=engine)
-        self.hidden_size = self.runner.model.eagle_config.hidden_size
+        self.feature_layers = self.runner.model.eagle_config.target_layers  # () but for EAGLE-3
+        self.feature_size = self.runner.model.eagle_config.feature_size  # a token's features as the target sends them
         log.info("EAGLE head %s (draft vocabulary %d) for %s on %s %s, KV cache %d pairs", head,
                  self.runner.model.eagle_config.draft_vocab_size, model, engine.device, engine.dtype_name,
                  kv_cache_tokens)
@@ -138,7 +139,7 @@ class EagleDrafter(ModelDrafter):
         if not isinstance(state, EagleState) or state.epoch != sequence.epoch:
             self.runner.allocator.free(sequence.sequence_id)
             state = sequence.proposer_state = EagleState(sequence.epoch)
-        state.take(sequence, self.hidden_size)
+        state.take(sequence, self.feature_size)
         return state
 
     def _draft(self, batch: list[DraftRequest]) -> dict[int, DraftTree]:

@@ -2,6 +2,8 @@
 with the head's probability of it as its estimate. The target sends the features to this method only."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from drafter_svc.proposers.model_proposer import ModelProposer
 from specd.model_store import DEFAULT_MODEL
 from specd.options import Option, OptionSchema
@@ -20,7 +22,10 @@ class EagleProposer(ModelProposer):
 
     def __init__(self, head: str | None = None, model: str = DEFAULT_MODEL, device: str = "cpu",
                  dtype: str = "float32", kv_cache_tokens: int = 65536, num_threads: int | None = None):
-        """`head`: a head directory (`specd train eagle`); None: the one shipped for `model`."""
+        """`head`: a head directory (`specd train eagle`, or one EAGLE's authors published); None: the one
+        shipped for `model`."""
         from drafter_svc.models.eagle_drafter import EagleDrafter  # torch: loaded only where a model is served
         from drafter_svc.models.heads import shipped_head
         self.model = EagleDrafter(head or shipped_head(model), model, device, dtype, kv_cache_tokens, num_threads)
+        # An EAGLE-3 head drafts from some of the target's layers: the target is told which when it asks.
+        self.schema = replace(EagleProposer.schema, feature_layers=self.model.feature_layers)

@@ -60,10 +60,11 @@ class Drafters:
             seq.chooser = MethodChooser(self.auto_methods, self._auto_record)
         return seq.chooser.choose(round_trip_cost)
 
-    def wants_features(self, seq: Sequence) -> bool:
-        """Whether the sequence's drafter drafts from the target's features."""
+    def feature_layers(self, seq: Sequence) -> tuple[int, ...] | None:
+        """The target features the sequence's drafter drafts from (the layers whose input it takes, () for
+        the final-normed output), or None if it does not draft from features."""
         source = self._sources.get(seq.speculative.method)
-        return source is not None and source.schema.wants_features
+        return source.schema.feature_layers if source is not None and source.schema.wants_features else None
 
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> tuple[dict[str, DraftTree], dict[str, float]]:
         """Drafts for every (sequence, k) with k > 0, asking all sources concurrently, each once (a source

@@ -1,15 +1,16 @@
-"""EAGLE heads as EAGLE's authors publish them load with no training: the paged head computes what EAGLE's
-layout defines (fc with its bias, a first layer without an input norm, the target's whole vocabulary),
-from `pytorch_model.bin` or `model.safetensors`; what it cannot run is refused by name."""
+"""EAGLE heads as EAGLE's authors publish them load with no training: an EAGLE-1/EAGLE-2 head computes what
+EAGLE's layout defines (fc with its bias, a first layer without an input norm, the target's whole vocabulary),
+from `pytorch_model.bin` or `model.safetensors`; an EAGLE-3 head drafts from the target layers its config
+names, or EAGLE-3's own choice; what cannot run is refused with what does not fit."""
 import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from engine.eagle import EagleRunner
 from engine.eagle_checkpoints import read_head
 from engine.runner import SequenceInput
+from tests.eagle3_reference import DRAFT_VOCAB, write_published_eagle3_head
 
 
 def pairs(n: int, seed: int) -> tuple[list[int], torch.Tensor]:
@@ -48,18 +49,37 @@ def test_the_bias_and_the_missing_input_norm_both_change_the_drafts(make_publish
     assert not torch.allclose(published, without_bias, atol=1e-3)
 
 
-def test_an_eagle3_head_is_refused_by_name(make_published_head):
-    directory, _ = make_published_head("model.safetensors")
-    save_file({"midlayer.self_attn.q_proj.weight": torch.zeros(64, 128), "d2t": torch.zeros(8, dtype=torch.long),
-               "fc.weight": torch.zeros(64, 192)}, directory / "model.safetensors")
-    with pytest.raises(ValueError, match="EAGLE-3"):
-        read_head(directory, 49152)
+def test_an_eagle3_head_drafts_from_eagle3s_layers_of_the_target_unless_its_config_names_them(tiny_model_dir,
+                                                                                              tmp_path):
+    write_published_eagle3_head(tiny_model_dir, tmp_path / "default")
+    config, state = read_head(tmp_path / "default", 49152, target_layers=30)
+    assert config.target_layers == (2, 15, 27) and config.feature_size == 3 * 64
+    write_published_eagle3_head(tiny_model_dir, tmp_path / "named", layers=[1, 0, 1])
+    assert read_head(tmp_path / "named", 49152, target_layers=2)[0].target_layers == (1, 0, 1)
+
+
+def test_an_eagle3_heads_draft_vocabulary_is_its_d2t_mapping(tiny_model_dir, tmp_path):
+    reference = write_published_eagle3_head(tiny_model_dir, tmp_path, layers=[1, 0, 1])
+    config, state = read_head(tmp_path, 49152, target_layers=2)
+    assert config.draft_vocab_size == DRAFT_VOCAB and torch.equal(state["draft_vocab"], reference.draft_vocab)
+    assert sorted(state) == ["draft_vocab", "fc.weight", "layers.0.hidden_norm.weight",
+                             "layers.0.input_layernorm.weight", "layers.0.mlp.down_proj.weight",
+                             "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
+                             "layers.0.post_attention_layernorm.weight", "layers.0.self_attn.k_proj.weight",
+                             "layers.0.self_attn.o_proj.weight", "layers.0.self_attn.q_proj.weight",
+                             "layers.0.self_attn.v_proj.weight", "lm_head.weight", "norm.weight"]
+
+
+def test_an_eagle3_head_for_layers_the_target_lacks_is_refused(tiny_model_dir, tmp_path):
+    write_published_eagle3_head(tiny_model_dir, tmp_path)
+    with pytest.raises(ValueError, match=r"target layers \[2, 1, -1\]; the target has 2"):
+        read_head(tmp_path, 49152, target_layers=2)
 
 
 def test_a_head_for_another_vocabulary_is_refused(make_published_head):
     directory, _ = make_published_head()
     with pytest.raises(ValueError, match="vocabulary of 49152 tokens; the target has 32000"):
-        read_head(directory, 32000)
+        read_head(directory, 32000, target_layers=2)
 
 
 def test_a_head_of_several_layers_is_refused(make_published_head):
@@ -67,9 +87,9 @@ def test_a_head_of_several_layers_is_refused(make_published_head):
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     with pytest.raises(ValueError, match="2 layers"):
-        read_head(directory, 49152)
+        read_head(directory, 49152, target_layers=2)
 
 
 def test_a_directory_without_a_head_says_what_it_looked_for(tmp_path):
     with pytest.raises(FileNotFoundError, match="eagle_config.json.*config.json"):
-        read_head(tmp_path, 49152)
+        read_head(tmp_path, 49152, target_layers=2)

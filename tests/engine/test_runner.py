@@ -311,3 +311,22 @@ def test_the_features_are_the_final_normed_hidden_states_transformers_gives(runn
         expected = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]  # after the norm
     assert_close(features, expected[[0, 3, 6]])
     assert_close(logits, reference(hf_model, ids)[-1:])
+
+
+def test_the_features_of_named_layers_are_the_residual_stream_entering_them_as_transformers_has_it(tiny_model_dir):
+    """EAGLE-3's features: the hidden states entering layers 0 and 1, concatenated in the order asked, are
+    transformers' hidden_states[1] and [0] of the same tokens."""
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64)
+    tokens = [5, 900, 42, 7, 3000, 11]
+    _, features = runner.forward_with_features([SequenceInput("s", tokens, 0, 1)], [1, 4, 5], feature_layers=(1, 0))
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        states = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    expected = torch.cat([states[1][0, [1, 4, 5]], states[0][0, [1, 4, 5]]], dim=-1)
+    torch.testing.assert_close(features, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_features_of_a_layer_the_model_lacks_are_refused(tiny_model_dir):
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=64)
+    with pytest.raises(ValueError, match="layers are 0..1"):
+        runner.forward_with_features([SequenceInput("s", [5, 6], 0, 1)], [0], feature_layers=(2,))

@@ -1,6 +1,7 @@
-"""The target sends its features (final-normed hidden states) with the sequence updates to a drafter that
-wants them, and only to such a drafter: after a generation with chunked prefill and accepted drafts, the
-drafter holds the feature of every committed token but the newest, as a fresh forward computes them."""
+"""The target sends its features (final-normed hidden states, or the inputs of the layers the drafter names,
+as EAGLE-3 drafts from) with the sequence updates to a drafter that wants them, and only to such a drafter:
+after a generation with chunked prefill and accepted drafts, the drafter holds the features of every committed
+token but the newest, as a fresh forward computes them."""
 import grpc
 import pytest
 import torch
@@ -38,16 +39,31 @@ class FeatureProbe:
         pass
 
 
+class LayerProbe(FeatureProbe):
+    """Wants the inputs of layers 1 and 0, in that order (EAGLE-3 takes three of a bigger model's)."""
+    schema = OptionSchema("layer-probe", wants_features=True, feature_layers=(1, 0))
+    received: dict[str, dict[int, torch.Tensor]] = {}
+
+
+class MissingLayerProbe(FeatureProbe):
+    """Wants a layer the model lacks."""
+    schema = OptionSchema("missing-layer-probe", wants_features=True, feature_layers=(7,))
+    received: dict[str, dict[int, torch.Tensor]] = {}
+
+
 class FeatureBlind(FeatureProbe):
     schema = OptionSchema("feature-blind")
     received: dict[str, dict[int, torch.Tensor]] = {}
+
+
+PROBES = (FeatureProbe, LayerProbe, MissingLayerProbe, FeatureBlind)
 
 
 @pytest.fixture
 async def stub(tiny_model_dir, monkeypatch):
     monkeypatch.setattr("target_svc.drafting.gate.TYPICAL_EVIDENCE", 10 ** 9)  # ask the drafters every step
     drafters = []
-    for probe in (FeatureProbe, FeatureBlind):
+    for probe in PROBES:
         register(probe)
         drafters.append(create_drafter(method=probe.schema.method, address="127.0.0.1:0", metrics_address=None))
         await drafters[-1].start()
@@ -60,7 +76,7 @@ async def stub(tiny_model_dir, monkeypatch):
     async with grpc.aio.insecure_channel(target.grpc_address) as channel:
         yield target_pb2_grpc.TargetStub(channel)
     await target.stop(0)
-    for drafter, probe in zip(drafters, (FeatureProbe, FeatureBlind)):
+    for drafter, probe in zip(drafters, PROBES):
         await drafter.stop(0)
         del PROPOSERS[probe.schema.method]
 
@@ -73,17 +89,27 @@ async def generate(stub, method):
     return [t for c in chunks for t in c.token_ids], chunks[-1].usage
 
 
-async def test_the_drafter_holds_the_target_features_of_every_token_but_the_newest(stub, tiny_model_dir):
-    output, usage = await generate(stub, "feature-probe")
+@pytest.mark.parametrize("probe, layers", [(FeatureProbe, ()), (LayerProbe, (1, 0))])
+async def test_the_drafter_holds_the_target_features_of_every_token_but_the_newest(stub, tiny_model_dir, probe,
+                                                                                   layers):
+    output, usage = await generate(stub, probe.schema.method)
     assert usage.accepted_draft_tokens > 0  # accepted paths' features were kept, not only the newest tokens'
-    [held] = FeatureProbe.received.values()
+    [held] = probe.received.values()
     tokens = PROMPT + output
     runner = ModelRunner(tiny_model_dir, kv_cache_tokens=128)
-    _, expected = runner.forward_with_features([SequenceInput("s", tokens, 0, 0)], list(range(len(tokens))))
+    _, expected = runner.forward_with_features([SequenceInput("s", tokens, 0, 0)], list(range(len(tokens))), layers)
+    assert expected.shape[1] == 64 * max(1, len(layers))
     # The last ask came before the last step: the features of all tokens but its newest few had come.
     assert len(PROMPT) < len(held) < len(tokens) and sorted(held) == list(range(len(held)))
     torch.testing.assert_close(torch.stack([held[p] for p in range(len(held))]).float(),
                                expected[:len(held)].to(torch.bfloat16).float(), atol=2e-2, rtol=2e-2)
+
+
+async def test_a_drafter_asking_for_a_layer_the_model_lacks_gets_no_features_and_the_output_is_the_same(stub):
+    expected, _ = await generate(stub, "none")
+    output, _ = await generate(stub, MissingLayerProbe.schema.method)
+    assert output == expected
+    assert MissingLayerProbe.received and all(not held for held in MissingLayerProbe.received.values())
 
 
 async def test_a_drafter_that_does_not_ask_for_features_gets_none(stub):

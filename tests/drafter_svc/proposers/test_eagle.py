@@ -8,6 +8,7 @@ from drafter_svc.proposers.eagle import EagleProposer
 from drafter_svc.sequences import FeaturesUpdate, SequenceRegistry, SequenceUpdate
 from engine.features import to_bytes
 from engine.runner import ModelRunner, SequenceInput
+from tests.eagle3_reference import write_published_eagle3_head
 
 PROMPT = [11, 400, 9000, 23, 5, 77, 1024, 3, 42, 17]
 
@@ -103,6 +104,23 @@ def test_a_head_as_eagles_authors_publish_it_drafts_its_greedy_chain_with_no_tra
     features = features_of(target, PROMPT)
     [draft] = proposer.propose([sync(SequenceRegistry(), "s", PROMPT, features)])
     assert list(draft.token_ids) == module_chain(module, PROMPT, features.to(torch.bfloat16), 3)
+
+
+def test_an_eagle3_head_drafts_its_greedy_chain_from_the_target_layers_it_names(tiny_model_dir, target, tmp_path):
+    reference = write_published_eagle3_head(tiny_model_dir, tmp_path, layers=[1, 0, 1])
+    proposer = EagleProposer(str(tmp_path), str(tiny_model_dir), kv_cache_tokens=256)
+    assert proposer.schema.wants_features and proposer.schema.feature_layers == (1, 0, 1)
+    _, features = target.forward_with_features([SequenceInput("f", PROMPT, 0, 0)], list(range(len(PROMPT))),
+                                                (1, 0, 1))
+    target.allocator.free("f")
+    [draft] = proposer.propose([sync(SequenceRegistry(), "s", PROMPT, features)])
+    ids, hidden, chain = list(PROMPT[1:]), reference.hidden(features[:len(PROMPT) - 1].to(torch.bfloat16)), []
+    with torch.no_grad():
+        for _ in range(3):
+            g = reference(ids, hidden)
+            chain.append(int(reference.draft_vocab[reference.logits(g[-1]).argmax()]))
+            ids, hidden = ids + [chain[-1]], torch.cat([hidden, g[-1:]])
+    assert list(draft.token_ids) == chain
 
 
 def test_after_a_step_the_accepted_tokens_features_replace_the_heads_estimates(proposer, tiny_head, target):
