@@ -62,9 +62,6 @@ class EagleHead(LlamaModel):
 
     def __init__(self, config: EagleConfig, head_state: dict[str, torch.Tensor], target_embed: torch.Tensor,
                  target_lm_head: torch.Tensor, engine: EngineConfig = EngineConfig()):
-        if config.hidden_size != target_embed.shape[1]:
-            raise ValueError(f"the EAGLE head is for a model of hidden size {config.hidden_size}; the target's is "
-                             f"{target_embed.shape[1]}")
         draft_vocab = head_state["draft_vocab"].long()
         state = {name: t for name, t in head_state.items() if name.startswith("layers.0.")}
         state.update({"embed_tokens.weight": target_embed, "lm_head.weight": target_lm_head[draft_vocab],
@@ -99,6 +96,9 @@ def load_head(head_dir: str | Path, target_dir: str | Path,
     embedding (and for EAGLE-1/2 the LM head) of the target model in `target_dir`."""
     embed, lm_head = target_embedding_and_lm_head(target_dir)
     config, state = read_head(head_dir, embed.shape[0], AutoConfig.from_pretrained(target_dir).num_hidden_layers)
+    if config.hidden_size != embed.shape[1]:
+        raise ValueError(f"the EAGLE head in {head_dir} is for a model of hidden size {config.hidden_size}; the "
+                         f"target's is {embed.shape[1]}")
     if config.target_layers:
         return Eagle3Head(config, state, embed, engine)
     return EagleHead(config, state, embed, lm_head, engine)

@@ -93,3 +93,10 @@ def test_a_head_of_several_layers_is_refused(make_published_head):
 def test_a_directory_without_a_head_says_what_it_looked_for(tmp_path):
     with pytest.raises(FileNotFoundError, match="eagle_config.json.*config.json"):
         read_head(tmp_path, 49152, target_layers=2)
+
+
+def test_a_head_for_another_hidden_size_is_refused_when_loaded(make_published_head, make_tiny_model):
+    directory, _ = make_published_head()
+    wider_target = make_tiny_model(hidden_size=128, intermediate_size=256, head_dim=32)
+    with pytest.raises(ValueError, match="hidden size 64; the target's is 128"):
+        EagleRunner(directory, wider_target, kv_cache_tokens=64)
