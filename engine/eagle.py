@@ -10,8 +10,8 @@ from g_p as if it were a feature. The head attends over its own KV cache (positi
 The LM head is the target's, cut to a draft vocabulary (EAGLE-3's d2t): the target tokens the head
 may propose, most frequent first. On a small model the full vocabulary would be most of the head's
 cost. Files in a head directory: `eagle_config.json` (`EagleConfig`) and `model.safetensors` (`fc.weight`,
-`layers.0.*` named as in a Llama checkpoint, `draft_vocab`: the target token id of each draft id); or an
-EAGLE-1/EAGLE-2 head as EAGLE's authors publish them (`engine.eagle_checkpoints`).
+`layers.0.*` named as in a Llama checkpoint, `draft_vocab`: the target token id of each draft id); or a
+head as EAGLE's authors publish them (`engine.eagle_checkpoints`; EAGLE-3's run as `engine.eagle3`).
 """
 from __future__ import annotations
 

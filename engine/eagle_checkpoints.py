@@ -44,7 +44,7 @@ def read_head(directory: str | Path, vocab_size: int,
     if (directory / PUBLISHED_CONFIG).exists():
         return _read_published(directory, vocab_size, target_layers)
     raise FileNotFoundError(f"{directory} is not an EAGLE head: it has neither {CONFIG_FILE} (a head from "
-                            f"`specd train eagle`) nor {PUBLISHED_CONFIG} (an EAGLE-1/EAGLE-2 head as published)")
+                            f"`specd train eagle`) nor {PUBLISHED_CONFIG} (a head as EAGLE's authors publish them)")
 
 
 def _read_published(directory: Path, vocab_size: int,
@@ -77,6 +77,9 @@ def _eagle3(directory: Path, config: dict, weights: dict[str, torch.Tensor],
     if any(not 0 <= layer < target_layers for layer in layers):
         raise ValueError(f"{directory}: the head drafts from target layers {list(layers)}; the target has "
                          f"{target_layers}")
+    if weights["fc.weight"].shape[1] != config["hidden_size"] * len(layers):
+        raise ValueError(f"{directory}: fc takes {weights['fc.weight'].shape[1]} values a token, not the "
+                         f"{len(layers)} target layers' {config['hidden_size'] * len(layers)}")
     d2t = weights["d2t"].long()
     eagle = _config(config, d2t.shape[0], target_layers=tuple(int(layer) for layer in layers))
     kept = {name.replace("midlayer.", "layers.0.", 1): t for name, t in weights.items()

@@ -76,6 +76,12 @@ def test_an_eagle3_head_for_layers_the_target_lacks_is_refused(tiny_model_dir, t
         read_head(tmp_path, 49152, target_layers=2)
 
 
+def test_an_eagle3_head_naming_more_layers_than_its_fc_takes_is_refused(tiny_model_dir, tmp_path):
+    write_published_eagle3_head(tiny_model_dir, tmp_path, layers=[0, 1])
+    with pytest.raises(ValueError, match="fc takes 192 values a token, not the 2 target layers' 128"):
+        read_head(tmp_path, 49152, target_layers=2)
+
+
 def test_a_head_for_another_vocabulary_is_refused(make_published_head):
     directory, _ = make_published_head()
     with pytest.raises(ValueError, match="vocabulary of 49152 tokens; the target has 32000"):
