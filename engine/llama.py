@@ -92,7 +92,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
 
 class LayerInputs:
     """Rows of the residual stream entering some of the layers, kept as a forward passes them (EAGLE-3
-    drafts from three layers' of the target)."""
+    drafts from three of the target's layers)."""
 
     def __init__(self, layers: tuple[int, ...], rows: torch.Tensor):
         self.layers, self.rows = layers, rows
