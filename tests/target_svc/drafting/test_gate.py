@@ -2,7 +2,7 @@
 less what verifying them cost) is worth the round trip; a batch left unasked is asked again every few
 steps."""
 from specd.types import SamplingParams, SpeculativeConfig
-from target_svc.drafting.gate import PROBE_EVERY, TYPICAL_EVIDENCE, DraftingGate
+from target_svc.drafting.gate import PROBE_EVERY, PROBE_SHARE, TYPICAL_EVIDENCE, DraftingGate
 from target_svc.sequence import Sequence
 
 
@@ -42,10 +42,21 @@ def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
 def test_a_drafter_whose_round_trip_is_long_next_to_a_step_is_probed_less_often():
     gate, seq = seasoned(), sequence("a")
     gate.asked(0.060, [(seq, 0)])  # four 15 ms steps: probes every 8 steps would cost a third of the time
-    for _ in range(80):  # 60 ms / (PROBE_SHARE x 15 ms)
+    for _ in range(round(0.060 / (PROBE_SHARE * 0.015))):  # 200 steps: the probes cost PROBE_SHARE of the time
         assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
         gate.skipped([seq])
     assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+
+
+def test_probes_are_spaced_by_the_typical_round_trip_not_the_fastest():
+    """A model drafter's probe catches its cache up on every token since the last: one fast answer does
+    not make its probes cheap."""
+    gate, seq = seasoned(), sequence("a")
+    for round_trip in (0.004, 0.045, 0.045, 0.045, 0.045, 0.045, 0.045, 0.045):
+        gate.asked(round_trip, [(seq, 0)])
+    for _ in range(round(0.035 / (PROBE_SHARE * 0.015))):  # by the fastest it would be 13
+        assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        gate.skipped([seq])
 
 
 def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
