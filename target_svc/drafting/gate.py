@@ -17,9 +17,10 @@ many steps as keep the probes' round trips to PROBE_SHARE of the time, if more: 
 trip is several steps long (a draft model on the target's cores) would otherwise cost a third of the
 speed in probes alone (measured: a LayerSkip draft model that never gained, at batch 1, 0.67x `none`).
 The spacing goes by the drafter's typical round trip, not its fastest: a model drafter's probe catches its
-cache up on every token since the last one, and spaced by its fastest ask (45 ms a probe on average against
-its fastest of a few) the probes cost that LayerSkip draft model 27% of the speed on Spec-Bench. A drafter
-that is down is probed as rarely as its deadline is long, and more often again once it answers. Until asks
+cache up on every token since the last one (45 ms a probe on average, a few at its fastest). Spaced by its
+fastest to 5% of the time, the probes cost that LayerSkip draft model 27% of the speed on Spec-Bench at
+batch 1 (0.73x `none`); by its typical round trip to 2%, 4% (0.96x). A drafter that is down is probed as
+rarely as its deadline is long, and more often again once it answers. Until asks
 have gained TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat comes a few
 steps in, and a first empty answer says little about what asks gain.
 """
