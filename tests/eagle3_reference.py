@@ -55,11 +55,12 @@ class Eagle3Reference:
         return _rms(g, self.w["norm.weight"], self.eps) @ self.w["lm_head.weight"].T
 
 
-def write_published_eagle3_head(model_dir: Path, path: Path, layers: list[int] | None = None,
-                                seed: int = 0) -> Eagle3Reference:
+def write_published_eagle3_head(model_dir: Path, path: Path, layers: list[int] | None = None, seed: int = 0,
+                                sureness: float = 1.0) -> Eagle3Reference:
     """A random EAGLE-3 head for the model in `model_dir` in the published layout (config.json with
     `draft_vocab_size`, and `eagle_config.eagle_aux_hidden_state_layer_ids` where `layers` are given;
-    model.safetensors with `fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`); its reference."""
+    model.safetensors with `fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`); its reference. `sureness`
+    scales its logits: a random head is otherwise never sure enough of a token for the target to verify it."""
     target = AutoConfig.from_pretrained(model_dir)
     d, inter, dh = target.hidden_size, target.intermediate_size, target.head_dim
     heads, kv = target.num_attention_heads, target.num_key_value_heads
@@ -68,7 +69,7 @@ def write_published_eagle3_head(model_dir: Path, path: Path, layers: list[int] |
     norm = lambda: 0.5 + torch.rand(d, generator=g)  # noqa: E731  (away from one, so a mixed-up norm shows)
     draft_to_target = torch.randperm(target.vocab_size, generator=g)[:DRAFT_VOCAB].sort().values
     weights = {
-        "fc.weight": normal(d, 3 * d), "norm.weight": norm(), "lm_head.weight": normal(DRAFT_VOCAB, d),
+        "fc.weight": normal(d, 3 * d), "norm.weight": norm(), "lm_head.weight": sureness * normal(DRAFT_VOCAB, d),
         "d2t": draft_to_target - torch.arange(DRAFT_VOCAB),
         "t2d": torch.zeros(target.vocab_size, dtype=torch.bool).index_fill_(0, draft_to_target, True),
         "midlayer.input_layernorm.weight": norm(), "midlayer.hidden_norm.weight": norm(),
