@@ -56,8 +56,6 @@ def _read_published(directory: Path, vocab_size: int,
     if config.get("vocab_size", vocab_size) != vocab_size:
         raise ValueError(f"{directory}: a head for a vocabulary of {config['vocab_size']} tokens; the target has "
                          f"{vocab_size}")
-    if config.get("rope_scaling"):
-        raise ValueError(f"{directory}: rope_scaling {config['rope_scaling']} is not supported for EAGLE heads")
     if "midlayer.self_attn.q_proj.weight" in weights:
         return _eagle3(directory, config, weights, target_layers)
     _require(directory, weights, ("fc.weight", *(f"layers.0.{w}" for w in LAYER_WEIGHTS)), "an EAGLE-1/EAGLE-2")
@@ -94,9 +92,14 @@ def _config(config: dict, draft_vocab_size: int, **layout) -> EagleConfig:
         hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
         num_attention_heads=heads, num_key_value_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(config.get("rope_theta", 10000.0)),
+        rms_norm_eps=config.get("rms_norm_eps", 1e-6), rope_theta=float(_rope_theta(config)),
         max_position_embeddings=config.get("max_position_embeddings", 2048), draft_vocab_size=draft_vocab_size,
-        target=config.get("_name_or_path", ""), **layout)
+        target=config.get("_name_or_path", ""), rope_scaling=config.get("rope_scaling") or None, **layout)
+
+
+def _rope_theta(config: dict) -> float:
+    """Where transformers 4 writes it (`rope_theta`), or transformers 5 (`rope_parameters`)."""
+    return config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 10000.0
 
 
 def _require(directory: Path, weights: dict[str, torch.Tensor], names: tuple[str, ...], kind: str) -> None:

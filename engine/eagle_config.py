@@ -30,6 +30,7 @@ class EagleConfig:
     # EAGLE-3: the target layers whose input (the residual stream entering them) the head drafts from,
     # concatenated, fc taking them to one feature; () EAGLE-1/EAGLE-2's final-normed feature.
     target_layers: tuple[int, ...] = ()
+    rope_scaling: dict | None = None  # as a published head's config names it (Llama 3.1's "llama3"), else none
 
     @property
     def feature_size(self) -> int:
@@ -52,7 +53,7 @@ class EagleConfig:
                            num_attention_heads=self.num_attention_heads,
                            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
                            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
-                           max_position_embeddings=self.max_position_embeddings)
+                           rope_scaling=self.rope_scaling, max_position_embeddings=self.max_position_embeddings)
 
     def save(self, directory: Path) -> None:
         (directory / CONFIG_FILE).write_text(json.dumps(asdict(self), indent=2) + "\n")

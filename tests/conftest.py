@@ -93,6 +93,8 @@ def write_published_head(model_dir: Path, path: Path, weights_file: str = "pytor
         module = EagleHeadModule(config, embed, lm_head, torch.arange(embed.shape[0]))
         module.post_norm.data.uniform_(0.5, 1.5)
         module.fc.bias.data.normal_(std=0.5)
+        for projection in (module.q_proj, module.k_proj):  # attention far from uniform, so positions matter
+            projection.weight.data.normal_(std=0.5)
     path.mkdir(parents=True, exist_ok=True)
     LlamaConfig(**{**target.to_dict(), "num_hidden_layers": 1, "architectures": ["LlamaForCausalLM"]}).to_json_file(
         path / "config.json")

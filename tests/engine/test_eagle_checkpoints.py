@@ -7,7 +7,11 @@ import json
 import pytest
 import torch
 
+from transformers import LlamaConfig
+
+from engine.config import EngineConfig
 from engine.eagle import EagleRunner
+from engine.llama import Rope
 from engine.eagle_checkpoints import read_head
 from engine.runner import SequenceInput
 from tests.eagle3_reference import DRAFT_VOCAB, write_published_eagle3_head
@@ -86,6 +90,20 @@ def test_a_head_for_another_vocabulary_is_refused(make_published_head):
     directory, _ = make_published_head()
     with pytest.raises(ValueError, match="vocabulary of 49152 tokens; the target has 32000"):
         read_head(directory, 32000, target_layers=2)
+
+
+def test_a_head_keeps_the_rope_scaling_its_config_names(make_published_head, tiny_model_dir):
+    """EAGLE heads for Llama 3.1 rotate positions as Llama 3.1 does."""
+    directory, _ = make_published_head()
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 256}
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "rope_scaling": scaling}))
+    runner = EagleRunner(directory, tiny_model_dir, kv_cache_tokens=64)
+    shape = dict(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=2048, rope_theta=1e5)
+    expected = Rope(LlamaConfig(**shape, rope_scaling=scaling), 16, EngineConfig())
+    unscaled = Rope(LlamaConfig(**shape), 16, EngineConfig())
+    assert torch.equal(runner.model.rope.cos, expected.cos) and not torch.equal(expected.cos, unscaled.cos)
 
 
 def test_a_head_of_several_layers_is_refused(make_published_head):
