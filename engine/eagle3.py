@@ -38,11 +38,10 @@ class Eagle3Head(LlamaModel):
               attention: PagedAttention, logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pairs (x_{p+1}, h_p): input_ids [T], features [T, 3D] (the target's) or [T, D] (the head's own g),
         positions [T] (p) -> fp32 logits over the draft vocabulary [R, V'] of the rows `logit_rows`, and g [T, D]."""
-        h = features.to(self.embed.dtype)
-        if h.shape[1] != self.eagle_config.hidden_size:
-            h = self.linear.by_rows(h, self.fc, attention.matmul_rows)
-        else:
-            h = h.clone()  # the residual stream below is updated in place
+        if features.shape[1] != self.eagle_config.hidden_size:
+            h = self.linear.by_rows(features.to(self.embed.dtype), self.fc, attention.matmul_rows)
+        else:  # a copy: the residual stream below is updated in place
+            h = features.to(self.embed.dtype, copy=True)
         layer, eps = self.layers[0], self.eps
         x = torch.cat([kernels.add_rms_norm(self.embedding(input_ids), None, layer.input_norm, eps),
                        kernels.add_rms_norm(h, None, self.hidden_norm, eps)], dim=-1)  # [T, 2D]

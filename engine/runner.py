@@ -96,9 +96,9 @@ class ModelRunner:
         """`forward`, and the features an EAGLE head drafts from, of the new tokens at the flattened rows
         `feature_rows`, in the engine's dtype: the final-normed hidden states [len(feature_rows), D], or with
         `feature_layers` the residual stream entering each of those layers, concatenated [.., len * D] (EAGLE-3)."""
-        num_layers = self.config.num_hidden_layers
-        if any(not 0 <= layer < num_layers for layer in feature_layers):
-            raise ValueError(f"feature_layers {feature_layers}: the model's layers are 0..{num_layers - 1}")
+        if not self.has_layers(feature_layers):
+            raise ValueError(f"feature_layers {feature_layers}: the model's layers are "
+                             f"0..{self.config.num_hidden_layers - 1}")
         attention, input_ids, positions, logit_rows = self._plan(batch)
         with torch.inference_mode():
             rows = torch.tensor(feature_rows, dtype=torch.int64, device=self.device)
@@ -109,6 +109,10 @@ class ModelRunner:
             else:
                 features = self.model.normed(h[rows]) if feature_rows else h[rows]
             return self.model.logits(h, logit_rows), features
+
+    def has_layers(self, layers: tuple[int, ...]) -> bool:
+        """Whether the model has every one of these layers (features can be taken at their inputs)."""
+        return all(0 <= layer < self.config.num_hidden_layers for layer in layers)
 
     def _plan(self, batch: list[SequenceInput]) -> tuple[PagedAttention, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Checks the batch, reserves its KV capacity, and lays it out: the attention plan, then token ids,

@@ -511,8 +511,7 @@ class Scheduler:
     def _servable(self, layers: tuple[int, ...] | None) -> tuple[int, ...] | None:
         """`layers` if this model has them all: a drafter asking for a layer it lacks gets no features (and
         drafts nothing), rather than failing the steps of everyone."""
-        num_layers = self._runner.config.num_hidden_layers
-        return layers if layers is None or all(0 <= layer < num_layers for layer in layers) else None
+        return layers if layers is None or self._runner.has_layers(layers) else None
 
     def _keep_features(self, plan: list[Scheduled], feature_rows: dict[int, list[int]], features: torch.Tensor,
                        results: dict[int, VerifyResult]) -> None:

@@ -17,6 +17,7 @@ from specd.options import OptionSchema
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_svc.server import TargetOptions, TargetService
+from tests.eagle3_reference import write_published_eagle3_head
 
 PROMPT = [5, 6, 7, 8, 9] * 8  # 40 tokens: three prefill chunks of at most 16; repetitive, so drafts get accepted
 
@@ -110,6 +111,34 @@ async def test_a_drafter_asking_for_a_layer_the_model_lacks_gets_no_features_and
     output, _ = await generate(stub, MissingLayerProbe.schema.method)
     assert output == expected
     assert MissingLayerProbe.received and all(not held for held in MissingLayerProbe.received.values())
+
+
+@pytest.fixture
+async def eagle3_stub(tiny_model_dir, tmp_path, monkeypatch):
+    """A real eagle drafter service with an EAGLE-3 head as its authors publish them, beside a real target."""
+    monkeypatch.setattr("target_svc.drafting.gate.TYPICAL_EVIDENCE", 10 ** 9)  # ask the drafter every step
+    write_published_eagle3_head(tiny_model_dir, tmp_path, layers=[1, 0, 1], sureness=100.0)
+    drafter = create_drafter(method="eagle", address="127.0.0.1:0", metrics_address=None,
+                             proposer_args={"head": str(tmp_path), "model": str(tiny_model_dir)})
+    await drafter.start()
+    target = TargetService(TargetOptions(
+        model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None, kv_cache_tokens=2048,
+        max_num_seqs=4, max_step_tokens=16, drafter_timeout_s=5.0, drafters={"eagle": drafter.grpc_address},
+        default_speculative=SpeculativeConfig(method="eagle", num_speculative_tokens=3)))
+    try:
+        await target.start()
+        async with grpc.aio.insecure_channel(target.grpc_address) as channel:
+            yield target_pb2_grpc.TargetStub(channel)
+        await target.stop(0)
+    finally:
+        await drafter.stop(0)
+
+
+async def test_an_eagle3_head_drafts_from_the_target_layers_it_names_and_the_output_is_the_targets(eagle3_stub):
+    expected, _ = await generate(eagle3_stub, "none")
+    output, usage = await generate(eagle3_stub, "eagle")
+    assert output == expected
+    assert usage.draft_tokens > 0  # the features of the layers it named reached the head, which drafted from them
 
 
 async def test_a_drafter_that_does_not_ask_for_features_gets_none(stub):
