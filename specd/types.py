@@ -6,7 +6,7 @@ everything inside a service works on the dataclasses.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from specd.errors import InvalidArgument
@@ -73,15 +73,26 @@ class SamplingParams:
 NO_SPECULATION = "none"
 # "none" is a method of every deployment, and it takes no options.
 NONE_SCHEMA = OptionSchema(NO_SPECULATION)
+AUTO_METHOD = "auto"  # the target picks among the deployment's drafters, per sequence and step
+
+
+def default_method(served: Iterable[str]) -> str:
+    """The method of a deployment not told one: `auto` where it has drafters to choose among, else its
+    first drafter (one that drafts from the target's features, which `auto` leaves out), else none."""
+    served = list(served)
+    if AUTO_METHOD in served:
+        return AUTO_METHOD
+    return next((method for method in served if method != NO_SPECULATION), NO_SPECULATION)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM-style speculative_config: the method, the most draft tokens per step, and the method's own
     options by their flat names. A deployment's config holds defaults for any method's options; a
-    request's resolved config holds exactly its method's options."""
+    request's resolved config holds exactly its method's options. A deployment's method left empty is
+    `default_method` of what it serves."""
 
-    method: str = "ngram"
+    method: str = ""
     num_speculative_tokens: int = 8
     options: Mapping[str, OptionValue] = field(default_factory=dict)
 
@@ -92,7 +103,7 @@ class SpeculativeConfig:
     def resolve(self, request: common_pb2.SpeculativeConfig, schemas: Mapping[str, OptionSchema]) -> SpeculativeConfig:
         """A request's config: the fields it sets over this deployment default, its method's options
         checked (and completed) by that method's own schema."""
-        method = request.method or self.method
+        method = request.method or self.method or default_method(schemas)
         schema = schemas.get(method)
         if schema is None:
             raise InvalidArgument("speculative.method",

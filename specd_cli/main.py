@@ -88,8 +88,9 @@ def _add_speculative_flags(parser: argparse.ArgumentParser, deployment: bool) ->
     unset ones take specd's defaults; a request's defer to the deployment's."""
     d = SpeculativeConfig()
     group = parser.add_argument_group("speculative decoding")
-    group.add_argument("--method", help="none, or a served drafter method such as ngram" +
-                       (f" (default {d.method})" if deployment else " (default: the server's)"))
+    group.add_argument("--method", help="none, auto, or a served drafter method such as ngram" +
+                       (" (default: auto where there are drafters to choose among, else the one drafter, else none)"
+                        if deployment else " (default: the server's)"))
     group.add_argument("--num-speculative-tokens", "-k", type=_INT32,
                        help="most draft tokens per sequence per step (a tree's nodes), 0..64" +
                        (f" (default {d.num_speculative_tokens})" if deployment else ""))

@@ -25,8 +25,7 @@ from target_svc.drafting.registry import IN_TARGET_SOURCES
 # run for STABLE_AFTER_S starts over at the first.
 RESTART_BACKOFF_S = (1, 2, 4, 8, 16, 30)
 STABLE_AFTER_S = 60.0
-# Every CPU drafter service. The first is the default deployment's `method` (gateway and target fall
-# back to it): n-gram prompt lookup.
+# Every CPU drafter service. A deployment not told its `method` serves `auto` over its drafters.
 DRAFTER_METHODS = ("ngram", "suffix", "trie")
 # The drafters that run a model, started on request (`specd up --drafters ngram,eagle`).
 MODEL_DRAFTER_METHODS = ("draft_model", "eagle")

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from specd.options import OptionSchema
+from specd.types import AUTO_METHOD
 
-AUTO_METHOD = "auto"
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
 EXPLORE_EVERY = 8

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
-from specd.types import NONE_SCHEMA
-from target_svc.drafting.auto import AUTO_METHOD, AUTO_SCHEMA, MethodChooser, MethodRecord
+from specd.types import AUTO_METHOD, NONE_SCHEMA
+from target_svc.drafting.auto import AUTO_SCHEMA, MethodChooser, MethodRecord
 from target_svc.drafting.base import DraftSource, Window, WindowSource
 from target_svc.drafting.fused import FUSED_METHOD, FusedSource
 from target_svc.sequence import Sequence

@@ -6,7 +6,7 @@ import pytest
 from specd.client import speculative_config
 from specd.errors import InvalidArgument
 from specd.options import Option, OptionSchema, options_from_pb
-from specd.types import SamplingParams, SpeculativeConfig
+from specd.types import SamplingParams, SpeculativeConfig, default_method
 from specd.v1 import common_pb2
 
 
@@ -49,3 +49,15 @@ def test_an_option_that_is_no_finite_number_bool_or_string_is_refused_naming_it(
     with pytest.raises(InvalidArgument) as error:
         SpeculativeConfig().resolve(request, {"ngram": schema})
     assert error.value.field == "speculative.options.prompt_lookup_min"
+
+
+@pytest.mark.parametrize("served, method", [
+    (["none", "ngram", "suffix", "auto"], "auto"),
+    (["none", "eagle"], "eagle"),  # auto leaves out drafters of the target's features
+    (["none"], "none"),
+])
+def test_a_deployment_not_told_its_method_serves_auto_else_its_one_drafter_else_none(served, method):
+    schemas = {m: OptionSchema(m) for m in served}
+    assert default_method(served) == method
+    assert SpeculativeConfig().resolve(common_pb2.SpeculativeConfig(), schemas).method == method
+    assert SpeculativeConfig(method="none").resolve(common_pb2.SpeculativeConfig(), schemas).method == "none"

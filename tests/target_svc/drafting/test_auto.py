@@ -105,7 +105,7 @@ async def target(tiny_model_dir, drafters):
     service = TargetService(TargetOptions(
         model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None,
         drafters={m: s.grpc_address for m, s in drafters.items()}, kv_cache_tokens=2048, default_max_tokens=32,
-        default_speculative=SpeculativeConfig(method="ngram", options={"prompt_lookup_min": 1})))
+        default_speculative=SpeculativeConfig(options={"prompt_lookup_min": 1})))  # no method: auto's
     await service.start()
     yield service
     await service.stop(0)
@@ -127,6 +127,13 @@ async def test_auto_is_served_beside_the_drafters_and_its_greedy_output_is_nones
     plain, _ = await _generate(target, "none")
     auto, usage = await _generate(target, "auto")
     assert auto == plain and usage.draft_tokens > 0
+
+
+async def test_a_request_naming_no_method_gets_auto_on_a_deployment_not_told_one(target):
+    _, usage = await _generate(target, "")
+    assert usage.draft_tokens > 0
+    assert target.metrics.registry.get_sample_value("specd_auto_method_choices_total",
+                                                    {"method": "ngram", "reason": "trial"}) == TRIALS
 
 
 async def test_auto_tries_every_drafter_and_each_forgets_the_sequence_when_it_ends(target, drafters):
