@@ -39,9 +39,13 @@ class MethodRecord:
         self.asks: dict[str, int] = {}
 
     def observe(self, method: str, gain: float) -> None:
-        mean = self.gain.get(method)
-        self.gain[method] = gain if mean is None else mean + RECORD_SMOOTHING * (gain - mean)
-        self.asks[method] = self.asks.get(method, 0) + 1
+        """A plain mean over a drafter's first 1 / RECORD_SMOOTHING asks, then a moving one: moving from its
+        first ask, the record held that ask's gain and moved 1/64 of the way per ask after it (a drafter
+        tried on the deployment's first sequence, whose caches were empty, kept the gain of that one try
+        for dozens of asks)."""
+        asks = self.asks[method] = self.asks.get(method, 0) + 1
+        mean = self.gain.get(method, 0.0)
+        self.gain[method] = mean + max(RECORD_SMOOTHING, 1 / asks) * (gain - mean)
 
 
 class MethodChooser:

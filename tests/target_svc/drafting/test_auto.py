@@ -67,6 +67,13 @@ def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_ear
     assert choices[-1] == "suffix"
 
 
+def test_the_record_is_the_plain_mean_of_a_drafters_first_asks_not_its_first_ask():
+    record = MethodRecord()
+    for gain in (0.0, 3.0, 3.0):  # tried first where there was nothing to draft from
+        record.observe("trie", gain)
+    assert record.gain["trie"] == pytest.approx(2.0)
+
+
 def test_the_record_a_new_sequence_starts_from_counts_the_asks_made_at_set_times_not_those_made_for_gains():
     """A drafter asked because it was paying one sequence would look better to the next than it is."""
     record = MethodRecord()
