@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from specd.options import OptionSchema
 from specd.types import AUTO_METHOD
+from target_svc.drafting.means import moved, warmed
 
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
@@ -39,13 +40,10 @@ class MethodRecord:
         self.asks: dict[str, int] = {}
 
     def observe(self, method: str, gain: float) -> None:
-        """A plain mean over a drafter's first 1 / RECORD_SMOOTHING asks, then a moving one: moving from its
-        first ask, the record held that ask's gain and moved 1/64 of the way per ask after it (a drafter
-        tried on the deployment's first sequence, whose caches were empty, kept the gain of that one try
-        for dozens of asks)."""
+        """Warmed (`means.warmed`): moving from its first ask alone, the record kept a drafter's one try on
+        the deployment's first sequence, whose caches were empty, for dozens of asks."""
         asks = self.asks[method] = self.asks.get(method, 0) + 1
-        mean = self.gain.get(method, 0.0)
-        self.gain[method] = mean + max(RECORD_SMOOTHING, 1 / asks) * (gain - mean)
+        self.gain[method] = warmed(self.gain.get(method), gain, asks, RECORD_SMOOTHING)
 
 
 class MethodChooser:
@@ -82,8 +80,7 @@ class MethodChooser:
 
     def observe(self, method: str, gain: float) -> None:
         """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft)."""
-        mean = self._gain.get(method, self._record.gain.get(method))
-        self._gain[method] = gain if mean is None else mean + SMOOTHING * (gain - mean)
+        self._gain[method] = moved(self._gain.get(method, self._record.gain.get(method)), gain, SMOOTHING)
         if self._why != "best":
             self._record.observe(method, gain)
         self._asks[method] += 1

@@ -26,6 +26,7 @@ steps in, and a first empty answer says little about what asks gain.
 """
 from __future__ import annotations
 
+from target_svc.drafting.means import moved, warmed
 from target_svc.sequence import Sequence
 
 PROBE_EVERY = 8
@@ -77,26 +78,16 @@ class DraftingGate:
     def asked(self, round_trip: float, gains: list[tuple[Sequence, float]]) -> None:
         """An ask took `round_trip` seconds, and each (sequence, tokens): what the asked sequence's draft
         gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
-        self.round_trip = _moved(self.round_trip, round_trip)
+        self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
         self.unasked_steps = 0
         for seq, tokens in gains:
             seq.unasked_steps = 0
             seq.draft_asks += 1
-            seq.draft_gain = _gain_mean(seq.draft_gain, tokens, seq.draft_asks)
+            seq.draft_gain = warmed(seq.draft_gain, tokens, seq.draft_asks, GAIN_SMOOTHING)
             self.evidence += 1
-            self.typical_gain = _gain_mean(self.typical_gain, tokens, self.evidence)
+            self.typical_gain = warmed(self.typical_gain, tokens, self.evidence, GAIN_SMOOTHING)
 
     def skipped(self, wanting: list[Sequence]) -> None:
         self.unasked_steps += 1
         for seq in wanting:
             seq.unasked_steps += 1
-
-
-def _moved(mean: float | None, value: float, weight: float = SMOOTHING) -> float:
-    """A moving mean after one more value of `weight`; the first value where there is none."""
-    return value if mean is None else mean + weight * (value - mean)
-
-
-def _gain_mean(mean: float | None, gain: float, asks: int) -> float:
-    """A mean gain after its `asks`-th ask: plain over the first 1 / GAIN_SMOOTHING asks, then moving."""
-    return _moved(mean, gain, max(GAIN_SMOOTHING, 1 / asks))

@@ -42,7 +42,7 @@ def test_the_shipped_head_predicts_the_targets_next_token_on_answers_it_never_sa
     state = load_file(head_dir / WEIGHTS_FILE)
     embed, lm_head = target_embedding_and_lm_head(model_dir)
     module = EagleHeadModule(EagleConfig.load(head_dir), embed, lm_head, state["draft_vocab"])
-    module.load_inference_state({name: t.float() if t.is_floating_point() else t for name, t in state.items()})
+    module.load_inference_state(state)  # bf16 weights, copied into the module's fp32
     top1 = evaluate(module, sequences, lm_head.float())["top1"]
 
     print(f"shipped head: top-1 {top1:.3f} over {sum(len(ids) - 1 for ids in answered)} positions")
