@@ -31,6 +31,12 @@ class TargetMetrics:
             "specd_drafting_skipped_steps",
             "Steps in which sequences could take drafts but the drafters were not asked: by what the drafts "
             "had been gaining, their round trip would have cost more", registry=r)
+        self.ask_overhang = Gauge(
+            "specd_drafter_ask_overhang_seconds",
+            "What asking a drafter costs a step beyond its round trip, by method: how much further the steps "
+            "that asked it ran over the cost model's prediction than the steps that asked none (the drafter's "
+            "own work on the target's cores); added to the round trip when deciding whether to ask",
+            ["method"], registry=r)
         self.auto_choices = Counter(
             "specd_auto_method_choices",
             "Drafter asks for `method: auto` sequences, by the drafter chosen and why: trial (each is tried in "

@@ -35,6 +35,7 @@ from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.drafting.gate import DraftingGate
 from target_svc.drafting.length import DRAFT_MARGIN, MIN_SECONDS, choose_drafts
+from target_svc.drafting.overhang import AskOverhang
 from target_svc.metrics import TargetMetrics
 from engine.features import FeatureLog
 from engine.runner import ModelRunner, SequenceInput
@@ -159,6 +160,8 @@ class Scheduler:
         self._draft_seconds = 0.0  # seconds of the draft tokens a step verified, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
         self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
+        self._step_excess = 0.0  # what the latest step's forward ran over the cost model's prediction (likewise)
+        self._overhang = AskOverhang()
         self._gates: dict[str, DraftingGate] = {}  # by method
         self._calibration = AcceptanceCalibration()
         self._arrived = 0.0  # prefill seconds submitted since the last step
@@ -207,7 +210,10 @@ class Scheduler:
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0.0
         decodes = [s for s in self._running if not s.in_prefill]
-        asking = self._asking(decodes)
+        # What decoding costs without drafts: the step's prompt chunks are done whatever is drafted, so
+        # drafts, windows and round trips are weighed against this, in the tokens it decodes per second.
+        plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes))
+        wanting, asking = self._asking(decodes, plain_seconds)
         round_trip, drafts, round_trips = 0.0, {}, {}
         if asking:
             asked = time.perf_counter()
@@ -215,16 +221,20 @@ class Scheduler:
             round_trip = time.perf_counter() - asked
         self._round_trip = _moved(self._round_trip, round_trip)
         asked_ids = {seq.request_id for group in asking.values() for seq, _ in group}
-        plan = self._plan(decodes, drafts, asked_ids)
+        plan = self._plan(decodes, drafts, asked_ids, plain_seconds)
         if not plan:
             return
         outcomes = await self._compute(plan)
+        if wanting:  # a step that could have asked: whether it did is what the overhang compares
+            self._overhang.observe(asking, self._step_excess)
         for method, group in asking.items():  # each asked sequence that verified, with what its draft gained the batch
             method_ids = {s.request_id for s, _ in group}
             verified = [(item, outcome) for item, outcome in zip(plan, outcomes)
                         if item.seq.request_id in method_ids and isinstance(outcome, VerifyResult)]
             gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in verified]
-            self._gate(method).asked(round_trips.get(method, round_trip), gains)
+            overhang = self._overhang.seconds(method)
+            self._metrics.ask_overhang.labels(method).set(overhang)
+            self._gate(method).asked(round_trips.get(method, round_trip) + overhang, gains)
             for item, outcome in verified:
                 self._drafters.observe(item.seq, item.guesses, len(item.draft), outcome.path)
             for seq, gain in gains:
@@ -246,14 +256,16 @@ class Scheduler:
             self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
 
-    def _asking(self, decodes: list[Sequence]) -> dict[str, list[tuple[Sequence, int]]]:
-        """The (sequence, draft budget) pairs to ask each method's drafter for this step: each drafter has its
-        own gate, because what its asks cost and gain is its own."""
+    def _asking(self, decodes: list[Sequence],
+                plain_seconds: float) -> tuple[bool, dict[str, list[tuple[Sequence, int]]]]:
+        """Whether any decoding sequence wants a draft this step, and the (sequence, draft budget) pairs to
+        ask each method's drafter for: each drafter has its own gate, because what its asks cost and gain is
+        its own."""
         wanted: dict[str, list[tuple[Sequence, int]]] = {}
-        # What waiting for each drafter costs one sequence, in tokens: the share of a step its round trip is
-        # (the batch decodes one token a sequence a step, and all of them wait).
-        round_trip_cost = {method: gate.round_trip / self._step_seconds for method, gate in self._gates.items()
-                           if gate.round_trip is not None and self._step_seconds > 0}
+        # What waiting for each drafter costs one sequence, in tokens: the share of a plain decoding step its
+        # round trip is (the batch decodes one token a sequence a step, and all of them wait).
+        round_trip_cost = {method: gate.round_trip / plain_seconds for method, gate in self._gates.items()
+                           if gate.round_trip is not None and plain_seconds > 0}
         for seq in decodes:
             if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0:
                 method, why = self._drafters.choose_method(seq, round_trip_cost)
@@ -263,26 +275,28 @@ class Scheduler:
         asking = {}
         for method, group in wanted.items():
             sequences = [s for s, _ in group]
-            if self._gate(method).worth_asking(sequences, len(decodes), self._step_seconds):
+            if self._gate(method).worth_asking(sequences, len(decodes), plain_seconds, self._step_seconds,
+                                               drafters=len(wanted)):
                 asking[method] = group
             else:
                 self._gate(method).skipped(sequences)
         if len(asking) < len(wanted):
             self._metrics.drafting_skipped.inc()
-        return asking
+        return bool(wanted), asking
 
     def _gate(self, method: str) -> DraftingGate:
         return self._gates.setdefault(method, DraftingGate())
 
     # -- planning a step ------------------------------------------------------
 
-    def _plan(self, decodes: list[Sequence], drafts: dict[str, DraftTree], asked: set[str]) -> list[Scheduled]:
+    def _plan(self, decodes: list[Sequence], drafts: dict[str, DraftTree], asked: set[str],
+              plain_seconds: float) -> list[Scheduled]:
         """The step's work within the token budget and the free KV blocks: every decode (with the windows
         that pay at this load; drafts and windows trimmed to the budget, dropped and then the newest sequences
         preempted where memory is short), then prompt chunks of the running sequences, then newly admitted
         ones, in order; then the drafts cut to what raises the step's goodput by the cost model."""
         decoding = [Scheduled(s, d) if (d := drafts.get(s.request_id)) else Scheduled(s) for s in decodes]
-        self._add_windows(decoding, asked)
+        self._add_windows(decoding, asked, plain_seconds)
         decoding = self._fit_decodes(decoding)
         self._metrics.window_tokens.labels("ran").inc(sum(len(item.window or ()) for item in decoding))
         prefilling = self._plan_prefills(decoding)
@@ -314,15 +328,14 @@ class Scheduler:
             free -= self._new_blocks(item)
         return prefilling
 
-    def _add_windows(self, decoding: list[Scheduled], asked: set[str]) -> None:
+    def _add_windows(self, decoding: list[Scheduled], asked: set[str], plain_seconds: float) -> None:
         """Each asked sequence's window, if its drafter has one and what the window is expected to bring
         pays for its tokens (with DRAFT_MARGIN to spare, as a draft token must) at this step's load."""
         windows = [(item, window) for item in decoding
                    if item.seq.request_id in asked and (window := self._drafters.window(item.seq)) is not None
                    and item.end + len(window) <= self._runner.max_context_length]
-        if not windows:  # most steps: no sequence's drafter has a window, and the batch need not be priced
+        if not windows:  # most steps: no sequence's drafter has a window
             return
-        plain_seconds = self._cost.predict(StepShape.of([(item.seq.num_computed, 1) for item in decoding]))
         decoded_per_second = len(decoding) / max(plain_seconds, MIN_SECONDS)
         for item, window in windows:
             seq = item.seq
@@ -355,15 +368,15 @@ class Scheduler:
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
         choice = choose_drafts([self._calibration.corrected(item.seq.drafting_method, item.draft)
                                 for item in decoding],
-                               [item.seq.num_computed for item in decoding], base, self._cost)
-        decoded_per_second = len(decoding) / choice.base_seconds if choice.base_seconds > 0 else 0.0
+                               [item.seq.num_computed for item in decoding], self._cost, base.tokens)
+        decoded_per_second = len(decoding) / choice.plain_seconds if choice.plain_seconds > 0 else 0.0
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
             item.draft = item.draft.truncated(length)
             item.draft_price = (added + (item.window_seconds if item.window else 0.0)) * decoded_per_second
         self._draft_seconds = _moved(self._draft_seconds, choice.draft_seconds)
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
-        self._metrics.predicted_step_seconds.inc(choice.seconds)
+        self._metrics.predicted_step_seconds.inc(self._cost.predict(base) + choice.draft_seconds)
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
         """Drafts, then windows, trimmed to the token budget (every decode keeps its one token); where the
@@ -477,6 +490,7 @@ class Scheduler:
             self._keep_features(plan, feature_rows, features, dict(zip(map(id, verified), results)))
         in_order = iter(results)
         seconds = time.perf_counter() - started
+        self._step_excess = seconds - self._cost.predict(shape)
         self._cost.observe(shape, seconds)
         self._step_seconds = _moved(self._step_seconds, seconds)
         self._metrics.forward_time.observe(seconds)

@@ -6,7 +6,9 @@ sequence it is about a tenth of a step. So each sequence keeps a moving mean of 
 (`Sequence.draft_gain`): the draft tokens accepted, less the decode tokens that verifying its draft
 cost the batch (`Scheduled.draft_price`); an ask that offered it nothing gained nothing, because its
 round trip was paid all the same. A step asks only when the gain the batch expects is worth more than
-the tokens the batch would decode in the round trip.
+the tokens the batch would decode in the round trip, decoding plainly (the cost model's price of the
+decodes' newest tokens alone: prompt chunks riding in the steps are done whatever is asked, and
+counted in, they made a round trip look cheap under load).
 
 What a sequence is expected to gain is its own mean, drifting back to what asks have typically gained
 any sequence (`typical_gain`) while it goes unasked: its text may have turned repetitive since. A
@@ -16,6 +18,8 @@ anyway when none has for PROBE_EVERY steps, so that the typical gain itself stay
 many steps as keep the probes' round trips to PROBE_SHARE of the time, if more: a drafter whose round
 trip is several steps long (a draft model on the target's cores) would otherwise cost a third of the
 speed in probes alone (measured: a LayerSkip draft model that never gained, at batch 1, 0.67x `none`).
+Where a step's sequences want several drafters (`auto`), their gates share that share: each probing on
+its own, five of them asked a third of the steps at 32 clients for drafts that did not pay.
 The spacing goes by the drafter's typical round trip, not its fastest: a model drafter's probe catches its
 cache up on every token since the last one (45 ms a probe on average, a few at its fastest). Spaced by its
 fastest to 5% of the time, the probes cost that LayerSkip draft model 27% of the speed on Spec-Bench at
@@ -45,7 +49,9 @@ DRIFT = 0.25  # the share of the way back to the typical gain a sequence's expec
 
 class DraftingGate:
     def __init__(self):
-        self.round_trip: float | None = None  # seconds an ask takes, a moving mean; None before the first
+        # Seconds an ask costs the step, a moving mean (None before the first): its round trip, and what the
+        # drafter's work meanwhile slows the forward by (`AskOverhang`).
+        self.round_trip: float | None = None
         self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
         self.evidence = 0  # sequence-asks the typical gain has seen
         self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
@@ -57,27 +63,29 @@ class DraftingGate:
         drift = 1.0 - (1.0 - DRIFT) ** seq.unasked_steps
         return seq.draft_gain + drift * (self.typical_gain - seq.draft_gain)
 
-    def worth_asking(self, wanting: list[Sequence], decodes: int, step_seconds: float) -> bool:
-        """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences, recent steps
-        having taken `step_seconds`."""
+    def worth_asking(self, wanting: list[Sequence], decodes: int, plain_seconds: float, step_seconds: float,
+                     drafters: int = 1) -> bool:
+        """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences whose newest tokens
+        alone cost `plain_seconds` (by the cost model), recent steps having taken `step_seconds` (prompt
+        chunks, drafts and all), the step's sequences wanting `drafters` drafters in all."""
         if not wanting:
             return False
         if self.round_trip is None or self.evidence < TYPICAL_EVIDENCE or self.unasked_steps >= self._probe_every(
-                step_seconds):
+                step_seconds, drafters):
             return True
-        decoded_meanwhile = self.round_trip * decodes / step_seconds if step_seconds > 0 else 0.0
+        decoded_meanwhile = self.round_trip * decodes / plain_seconds if plain_seconds > 0 else 0.0
         return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
 
-    def _probe_every(self, step_seconds: float) -> float:
+    def _probe_every(self, step_seconds: float, drafters: int) -> float:
         """Steps between probes: PROBE_EVERY, or more where the drafter's typical round trip is long next to
-        a step."""
+        a step, or its probes share PROBE_SHARE with other drafters'."""
         if step_seconds <= 0:
             return PROBE_EVERY
-        return max(PROBE_EVERY, self.round_trip / (PROBE_SHARE * step_seconds))
+        return max(PROBE_EVERY, self.round_trip * drafters / (PROBE_SHARE * step_seconds))
 
     def asked(self, round_trip: float, gains: list[tuple[Sequence, float]]) -> None:
-        """An ask took `round_trip` seconds, and each (sequence, tokens): what the asked sequence's draft
-        gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
+        """An ask cost the step `round_trip` seconds, and each (sequence, tokens): what the asked sequence's
+        draft gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
         self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
         self.unasked_steps = 0
         for seq, tokens in gains:

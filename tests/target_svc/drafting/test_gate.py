@@ -19,33 +19,44 @@ def seasoned() -> DraftingGate:
 
 
 def test_a_sequence_never_asked_is_asked():
-    assert DraftingGate().worth_asking([sequence("a")], decodes=1, step_seconds=0.015)
+    assert DraftingGate().worth_asking([sequence("a")], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
 def test_until_asks_have_shown_what_they_gain_every_step_asks():
     gate, seq = DraftingGate(), sequence("a")
     for _ in range(TYPICAL_EVIDENCE):  # empty answers early on: the text has not repeated yet
-        assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
         gate.asked(0.002, [(seq, 0.0)])
-    assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+    assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
 def test_drafts_that_gain_nothing_stop_being_asked_for_until_a_probe_is_due():
     gate, seq = seasoned(), sequence("a")
     gate.asked(0.002, [(seq, 0)])
     for _ in range(PROBE_EVERY):
-        assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
         gate.skipped([seq])
-    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)  # probe: the text may have changed
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)  # probe: the text may have changed
 
 
 def test_a_drafter_whose_round_trip_is_long_next_to_a_step_is_probed_less_often():
     gate, seq = seasoned(), sequence("a")
     gate.asked(0.060, [(seq, 0)])  # four 15 ms steps: probes every 8 steps would cost a third of the time
     for _ in range(round(0.060 / (PROBE_SHARE * 0.015))):  # 200 steps: the probes cost PROBE_SHARE of the time
-        assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
         gate.skipped([seq])
-    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
+
+
+def test_drafters_wanted_in_the_same_steps_share_the_probes_time():
+    """Under `auto` a batch's sequences want several drafters: probed each on its own, five of them would
+    ask in a third of the steps for drafts that do not pay."""
+    gate, seq = seasoned(), sequence("a")
+    gate.asked(0.006, [(seq, 0)])  # alone, 20 steps between probes; with four others, 100
+    for _ in range(round(5 * 0.006 / (PROBE_SHARE * 0.015))):
+        assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015, drafters=5)
+        gate.skipped([seq])
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015, drafters=5)
 
 
 def test_probes_are_spaced_by_the_typical_round_trip_not_the_fastest():
@@ -55,7 +66,7 @@ def test_probes_are_spaced_by_the_typical_round_trip_not_the_fastest():
     for round_trip in (0.004, 0.045, 0.045, 0.045, 0.045, 0.045, 0.045, 0.045):
         gate.asked(round_trip, [(seq, 0)])
     for _ in range(round(0.035 / (PROBE_SHARE * 0.015))):  # by the fastest it would be 13
-        assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
         gate.skipped([seq])
 
 
@@ -63,14 +74,16 @@ def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
     gate, seqs = seasoned(), [sequence("a"), sequence("b")]
     gate.asked(0.002, [(seqs[0], 1), (seqs[1], 0)])
     # one token between two sequences each step, against 2 ms of a 15 ms step of two (0.27 tokens)
-    assert gate.worth_asking(seqs, decodes=2, step_seconds=0.015)
+    assert gate.worth_asking(seqs, decodes=2, plain_seconds=0.015, step_seconds=0.015)
     # a slow drafter: 20 ms of the same step costs 2.7 tokens
     gate.round_trip = 0.020
-    assert not gate.worth_asking(seqs, decodes=2, step_seconds=0.015)
+    assert not gate.worth_asking(seqs, decodes=2, plain_seconds=0.015, step_seconds=0.015)
+    # nor when the steps are ten times as long with prompt work: the round trip still holds up plain decoding
+    assert not gate.worth_asking(seqs, decodes=2, plain_seconds=0.015, step_seconds=0.150)
 
 
 def test_nothing_to_ask_for_is_not_asked():
-    assert not DraftingGate().worth_asking([], decodes=4, step_seconds=0.015)
+    assert not DraftingGate().worth_asking([], decodes=4, plain_seconds=0.015, step_seconds=0.015)
 
 
 def test_an_ask_with_nothing_on_offer_gains_nothing():
@@ -78,7 +91,7 @@ def test_an_ask_with_nothing_on_offer_gains_nothing():
     gate.asked(0.002, [(seq, 3.0)])
     for _ in range(80):  # the round trip was paid each time, for no draft
         gate.asked(0.002, [(seq, 0.0)])
-    assert not gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+    assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
 def test_a_run_of_accepted_drafts_keeps_the_asks_coming_through_the_dry_spell_after_it():
@@ -86,7 +99,7 @@ def test_a_run_of_accepted_drafts_keeps_the_asks_coming_through_the_dry_spell_af
     gate.asked(0.002, [(seq, 3.0)])  # a passage copied
     for _ in range(12):  # then a dozen asks with nothing on offer: the next passage may come at any step
         gate.asked(0.002, [(seq, 0.0)])
-        assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+        assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
 def test_a_newcomer_is_expected_to_gain_what_asks_typically_gain():
@@ -95,7 +108,7 @@ def test_a_newcomer_is_expected_to_gain_what_asks_typically_gain():
     newcomer = sequence("new")
     assert gate.expected_gain(newcomer) == gate.typical_gain
     # asks have been paying for one sequence in three: one newcomer is not worth asking a batch of 16 for
-    assert not gate.worth_asking([newcomer], decodes=16, step_seconds=0.050)
+    assert not gate.worth_asking([newcomer], decodes=16, plain_seconds=0.050, step_seconds=0.050)
 
 
 def test_a_sequence_left_unasked_is_expected_to_gain_more_like_the_typical_each_step():
@@ -112,7 +125,7 @@ def test_drafts_that_cost_the_batch_what_they_gain_are_not_worth_a_round_trip():
     # each draft had 2 tokens accepted, but verifying it cost the batch 1.9 tokens' time
     gate.asked(0.002, [(seq, 2 - 1.9) for seq in seqs])
     # 0.4 tokens gained, against 2 ms of a 15 ms step of four (0.53 tokens)
-    assert not gate.worth_asking(seqs, decodes=4, step_seconds=0.015)
+    assert not gate.worth_asking(seqs, decodes=4, plain_seconds=0.015, step_seconds=0.015)
 
 
 def test_a_newcomers_first_asks_count_in_full_so_its_first_run_of_accepted_drafts_keeps_it_asked():
@@ -121,4 +134,4 @@ def test_a_newcomers_first_asks_count_in_full_so_its_first_run_of_accepted_draft
     gate.asked(0.002, [(seq, 0.0)])
     gate.asked(0.002, [(seq, 3.0)])  # a probe found a passage to copy
     assert seq.draft_gain == 1.5
-    assert gate.worth_asking([seq], decodes=1, step_seconds=0.015)
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)

@@ -22,7 +22,7 @@ def lengths(candidates, cost=CHEAP, cached=None):
     """Kept tokens per candidate, each a chain given as its tokens' estimates (or a DraftTree)."""
     cached = cached or [0] * len(candidates)
     drafts = [c if isinstance(c, DraftTree) else DraftTree.chain([7] * len(c), c) for c in candidates]
-    return choose_drafts(drafts, cached, StepShape.of((c, 1) for c in cached), cost).lengths
+    return choose_drafts(drafts, cached, cost).lengths
 
 
 def test_alone_a_draft_is_verified_while_its_tokens_carry_more_than_they_cost():
@@ -68,11 +68,21 @@ def test_a_draft_token_of_a_long_sequence_costs_more_so_it_must_be_likelier():
 
 
 def test_the_choice_says_what_it_expects():
-    choice = choose_drafts([DraftTree.chain([3, 4]), DraftTree()], [0, 0], StepShape.of([(0, 1), (0, 1)]), CHEAP)
+    choice = choose_drafts([DraftTree.chain([3, 4]), DraftTree()], [0, 0], CHEAP)
     assert choice.lengths == [2, 0]
     assert choice.expected_tokens == pytest.approx(4.0)
-    assert choice.seconds == pytest.approx(0.020 + 0.0005 * 4)
+    assert choice.plain_seconds == pytest.approx(0.020 + 0.0005 * 2)
     assert choice.added_seconds == pytest.approx([0.0005 * 2, 0.0])
+    assert choice.draft_seconds == pytest.approx(0.0005 * 2)
+
+
+def test_prompt_work_riding_in_the_step_does_not_make_drafts_look_cheap():
+    """A step's prompt chunks are done whatever is verified: drafts must beat plain decoding, not a step
+    made slow by a prompt (beside 512 prompt tokens, 0.027 of a token would pay for a 0.5 ms draft token)."""
+    drafts = [DraftTree.chain([7] * 8, [0.3] * 8)] * 8
+    alone = choose_drafts(drafts, [0] * 8, CHEAP).lengths
+    beside_a_prompt = choose_drafts(drafts, [0] * 8, CHEAP, step_tokens=8 + 512).lengths
+    assert alone == beside_a_prompt == [1] * 8
 
 
 def test_a_tree_keeps_its_first_nodes_up_to_the_last_that_pays():
@@ -91,7 +101,7 @@ def test_a_tree_node_costs_by_its_depth_not_its_place_in_the_list():
             shape = StepShape.of([(cached, tokens)])
             cost.observe(shape, 0.020 + 0.0005 * tokens + 0.00000025 * shape.pairs, profile=True)
     wide = DraftTree((1, 2, 3, 4), (-1, -1, -1, -1), (0.2, 0.2, 0.2, 0.2))
-    choice = choose_drafts([wide], [4000], StepShape.of([(4000, 1)]), cost)
+    choice = choose_drafts([wide], [4000], cost)
     assert choice.added_seconds[0] == pytest.approx(4 * cost.token_seconds(4001, step_tokens=1))
 
 
@@ -102,5 +112,5 @@ def test_a_step_with_nothing_to_price_chooses_nothing_even_when_the_fit_went_to_
         degenerate.observe(StepShape.of([(0, tokens)]), 0.0, profile=True)
     empty = StepShape.of([])  # every decode preempted, no prompt admitted
     assert degenerate.predict(empty) == 0.0
-    choice = choose_drafts([], [], empty, degenerate)
+    choice = choose_drafts([], [], degenerate)
     assert choice.lengths == [] and choice.expected_tokens == 0
