@@ -34,7 +34,7 @@ class TargetMetrics:
         self.ask_overhang = Gauge(
             "specd_drafter_ask_overhang_seconds",
             "What asking a drafter costs a step beyond its round trip, by method: how much further the steps "
-            "that asked it ran over the cost model's prediction than the steps that asked none (the drafter's "
+            "that asked it ran over the cost model's prediction than the steps that could have asked and did not (the drafter's "
             "own work on the target's cores); added to the round trip when deciding whether to ask",
             ["method"], registry=r)
         self.auto_choices = Counter(
