@@ -152,20 +152,27 @@ class TileAttention {
     first_new_ = t.first - p.query_start[t.seq];
     tree_ = p.tree_offsets[t.seq];
     table_ = p.block_tables + t.seq * p.table_width;
-    path_.clear();
-    if (tree_ >= 0) {  // a tree tile holds one query: its ancestors-or-self among the new tokens, root first
-      for (int64_t j = 0; j < num_new_; ++j) {
-        if (p.tree_mask[tree_ + first_new_ * num_new_ + j]) path_.push_back(j);
+    path_nodes_.clear();
+    path_ends_.clear();
+    longest_path_ = 0;
+    if (tree_ >= 0) {  // each query's ancestors-or-self among the new tokens, root first
+      for (int64_t i = 0; i < queries_; ++i) {
+        const int64_t path_start = static_cast<int64_t>(path_nodes_.size());
+        for (int64_t j = 0; j < num_new_; ++j) {
+          if (p.tree_mask[tree_ + (first_new_ + i) * num_new_ + j]) path_nodes_.push_back(j);
+        }
+        path_ends_.push_back(static_cast<int64_t>(path_nodes_.size()));
+        longest_path_ = std::max(longest_path_, path_ends_.back() - path_start);
       }
     }
-    remapped_ = false;
-    for (size_t k = 0; k < path_.size(); ++k) remapped_ |= path_[k] != static_cast<int64_t>(k);
+    follow_path(-1);
     q_.resize(kDotProducts ? 0 : rows_ * p.head_dim);
     q_lanes_.assign(kDotProducts ? (rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_ : 0, 0);
     acc_.assign(rows_ * vecs_, f32x16{});
     keys_t_.resize(kDotProducts ? 0 : kSubChunks * p.head_dim);
-    gathered_.resize(p.block_size % kLanes == 0 && !remapped_ ? 0 : kSubChunks * kLanes * p.head_dim);
-    gathered_values_.resize(remapped_ ? kSubChunks * kLanes * p.head_dim : 0);
+    chunk_values_.resize(p.amx ? 0 : kChunk * vecs_);
+    gathered_.resize(p.block_size % kLanes == 0 && tree_ < 0 ? 0 : kSubChunks * kLanes * p.head_dim);
+    gathered_values_.resize(tree_ >= 0 ? kSubChunks * kLanes * p.head_dim : 0);
     chunk_scores_.resize(p.amx ? rows_ * kSubChunks : 0);
     rescale_.resize(p.amx ? rows_ : 0);
     weights_.resize(p.amx ? kTileRows * kChunk : 0);
@@ -175,26 +182,17 @@ class TileAttention {
   }
 
   // Past every position a query of the tile sees.
-  int64_t limit() const {
-    return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + static_cast<int64_t>(path_.size());
-  }
+  int64_t limit() const { return tree_ < 0 ? start_ + first_new_ + queries_ : start_ + longest_path_; }
 
+  // A chunk of the cached prefix is the same for every query of a tree, and read once for all of them;
+  // a chunk holding new tokens is each tree query's own path, read query by query.
   void attend(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk) {
-    count_ = std::min(kChunk, limit() - chunk);
-    chunk_ = chunk;
-    find_keys(key_cache, chunk);
-    find_values(value_cache, chunk);
-    mark_visible(chunk);
-    if (p_->amx) return attend_tiles();
-    if constexpr (!kDotProducts) unpack_chunk();
-    for (int64_t r = 0; r < rows_; r += kRowGroup) {
-      switch (std::min(kRowGroup, rows_ - r)) {
-        case 1: attend_rows<1>(r); break;
-        case 2: attend_rows<2>(r); break;
-        case 3: attend_rows<3>(r); break;
-        default: attend_rows<4>(r); break;
-      }
+    if (tree_ < 0 || chunk + kChunk <= start_) return attend_queries(key_cache, value_cache, chunk, 0, queries_);
+    for (int64_t i = 0; i < queries_; ++i) {
+      follow_path(i);
+      attend_queries(key_cache, value_cache, chunk, i, i + 1);
     }
+    follow_path(-1);
   }
 
   void load_queries(const scalar_t* query) {
@@ -224,6 +222,48 @@ class TileAttention {
   }
 
  private:
+  // Queries first .. last - 1 of the tile through one chunk (for a tree query, along the path followed).
+  void attend_queries(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk, int64_t first,
+                      int64_t last) {
+    count_ = std::min(kChunk, query_limit(last - 1) - chunk);
+    if (count_ <= 0) return;  // a tree query whose path ends before the chunk: nothing here for it
+    chunk_ = chunk;
+    find_keys(key_cache, chunk);
+    find_values(value_cache, chunk);
+    mark_visible(chunk, first, last);
+    if (p_->amx) return attend_tiles();  // every row of the tile: AMX tiles hold one tree query (tiles_by_cost)
+    if constexpr (!kDotProducts) unpack_chunk();
+    convert_values();
+    for (int64_t r = first * group_; r < last * group_; r += kRowGroup) {
+      switch (std::min(kRowGroup, last * group_ - r)) {
+        case 1: attend_rows<1>(r); break;
+        case 2: attend_rows<2>(r); break;
+        case 3: attend_rows<3>(r); break;
+        default: attend_rows<4>(r); break;
+      }
+    }
+  }
+
+  // Past every position query i of the tile sees; for a tree query, the path it follows is laid out from
+  // start_ (follow_path), so that is past its path's last node. In a chunk of the cached prefix all
+  // queries' limits lie beyond it.
+  int64_t query_limit(int64_t i) const {
+    if (tree_ < 0) return start_ + first_new_ + i + 1;
+    return path_ == nullptr ? limit() : start_ + path_length_;
+  }
+
+  // Reads the new tokens along tree query i's path (-1: along none, for the cached prefix alone).
+  void follow_path(int64_t i) {
+    remapped_ = false;
+    path_ = nullptr;
+    path_length_ = 0;
+    if (i < 0) return;
+    const int64_t begin = i == 0 ? 0 : path_ends_[i - 1];
+    path_ = &path_nodes_[begin];
+    path_length_ = path_ends_[i] - begin;
+    for (int64_t k = 0; k < path_length_; ++k) remapped_ |= path_[k] != k;
+  }
+
   // Where each 16-position sub-chunk's packed keys are: groups_[c] points at its first group of P dims
   // (16 * P values), the next groups stride_[c] values apart. Where a block holds whole sub-chunks
   // (block_size a multiple of 16) that is the cache itself; otherwise the positions are gathered into
@@ -298,16 +338,22 @@ class TileAttention {
     }
   }
 
-  // Which of the chunk's positions each query sees. Positions before the new tokens are seen by
-  // all; a chain query sees up to its own position: both are comparisons, done lane-wise.
-  void mark_visible(int64_t chunk) {
-    const int64_t limit = chunk + count_;
+  // The chunk's values as fp32 vectors, converted once for all the tile's rows (chunk_values_[j * vecs_ + v]:
+  // dims 16 v .. 16 v + 15 of position j); the conversion is exact, so the sums are what they were.
+  void convert_values() {
+    for (int64_t j = 0; j < count_; ++j) {
+      load_values(value_rows_[j], (chunk_ + j) % P, p_->head_dim, &chunk_values_[j * vecs_]);
+    }
+  }
+
+  // Which of the chunk's positions queries first .. last - 1 see. Positions before the new tokens are seen
+  // by all; a chain query sees up to its own position: both are comparisons, done lane-wise.
+  void mark_visible(int64_t chunk, int64_t first, int64_t last) {
     i32x16 lane;
     for (int32_t j = 0; j < kLanes; ++j) lane[j] = j;
-    for (int64_t i = 0; i < queries_; ++i) {
-      const int64_t local = first_new_ + i;  // the query's index among its sequence's new tokens
-      // A tree query sees its whole path, laid out as a chain (see reset).
-      const int64_t last_seen = std::min(limit - 1, tree_ < 0 ? start_ + local : limit - 1);
+    for (int64_t i = first; i < last; ++i) {
+      // A tree query sees its whole path, laid out as a chain (see follow_path).
+      const int64_t last_seen = std::min(chunk + count_, query_limit(i)) - 1;
       for (int64_t c = 0; c < kSubChunks; ++c) {
         const int64_t first = chunk + c * kLanes;
         visible_[i * kSubChunks + c] = lane <= static_cast<int32_t>(std::clamp<int64_t>(last_seen - first, -1, kLanes));
@@ -485,8 +531,8 @@ class TileAttention {
     return true;
   }
 
-  // acc = acc * rescale + the chunk's values weighted, summed over positions in order. Each value row is
-  // read from the cache and converted once for the N rows. VECS: the vectors per row, 0 = vecs_.
+  // acc = acc * rescale + the chunk's values weighted, summed over positions in order. VECS: the vectors
+  // per row, 0 = vecs_.
   template <int N, int VECS>
   void add_values(int64_t first_row, const Scores* weights, const float* rescale) {
     constexpr int64_t kMost = VECS ? VECS : kMaxVecs;
@@ -498,8 +544,7 @@ class TileAttention {
       for (int64_t v = 0; v < vecs; ++v) sums[i][v] = f32x16{};
     }
     for (int64_t j = 0; j < count_; ++j) {
-      f32x16 values[kMost];
-      load_values(value_rows_[j], (chunk_ + j) % P, p_->head_dim, values);
+      const f32x16* values = &chunk_values_[j * vecs_];
       for (int i = 0; i < N; ++i) {
         for (int64_t v = 0; v < vecs; ++v) sums[i][v] += w[i][j] * values[v];
       }
@@ -518,9 +563,14 @@ class TileAttention {
   std::vector<float> q_;                    // for the FMA scores, [rows][Dh], scaled
   std::vector<uint32_t> q_lanes_;           // for dot products and tiles, [rows padded to 16][Dh / P] as stored
   std::vector<f32x16> acc_, keys_t_;        // [rows][vecs]; [4][Dh] (see unpack_chunk)
+  std::vector<f32x16> chunk_values_;        // [64][vecs] (see convert_values)
   std::vector<scalar_t> gathered_;          // [4][Dh / P][16][P] (see find_keys)
   std::vector<scalar_t> gathered_values_;   // a tree path's values, [4 * 16 / P][Dh * P] (see gather_values)
-  std::vector<int64_t> path_;               // a tree query's ancestors-or-self among the new tokens, root first
+  std::vector<int64_t> path_nodes_;         // each tree query's ancestors-or-self among the new tokens, root first
+  std::vector<int64_t> path_ends_;          // [queries]: where each query's path ends in path_nodes_
+  int64_t longest_path_ = 0;
+  const int64_t* path_ = nullptr;           // the path followed (follow_path), of path_length_ nodes
+  int64_t path_length_ = 0;
   bool remapped_ = false;                   // the path is not at its positions (not the first nodes)
   std::vector<f32x16> chunk_scores_;        // with AMX, [rows][4]: the chunk's scores, then weights
   std::vector<float> rescale_;              // with AMX, [rows]: the chunk's rescale of each row's sums
@@ -552,7 +602,7 @@ std::vector<Tile> tiles_by_cost(const Problem& p, int64_t num_seqs, int64_t work
     const bool heavy = (p.context_start[b] + last - first) * (last - first) * 2 * workers > total_cost &&
                        (last - first + kQueryTile - 1) / kQueryTile < 2 * workers;
     const int64_t seq_heads_per_tile = heavy ? 1 : heads_per_tile;
-    const int64_t query_tile = p.tree_offsets[b] >= 0 ? 1  // each tree query reads its own path
+    const int64_t query_tile = p.tree_offsets[b] >= 0 && p.amx ? 1  // AMX: each tree query in its own tiles
                                : heavy ? std::clamp<int64_t>((last - first) * p.num_kv_heads / (4 * workers),
                                                              kRowGroup, kQueryTile)
                                        : kQueryTile;

@@ -265,6 +265,27 @@ def test_in_bf16_a_token_gets_the_same_logits_alone_or_verified_among_drafts_bes
     assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))
 
 
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_in_bf16_each_tree_node_gets_the_bits_its_path_gets_as_a_chain(tiny_model_dir, block_size):
+    """What greedy tree verification needs: a node's logits are those its path gets once accepted, moved into
+    place and decoded on, however many branches share the tree (past 64 cached tokens the branches read the
+    prefix's chunks together)."""
+    prompt, (a, b, c, d, e) = tokens(150, 26), tokens(5, 27)
+    bf16 = EngineConfig(dtype=torch.bfloat16)
+
+    def prefilled() -> ModelRunner:
+        runner = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=block_size, engine=bf16)
+        runner.forward([SequenceInput("s", prompt, 0, 1)])
+        return runner
+
+    # a; b and c after a; d after c; e after b: paths a, a-b, a-c, a-c-d, a-b-e.
+    tree = SequenceInput("s", [a, b, c, d, e], 150, 5, positions=[150, 151, 151, 152, 152], parents=[-1, 0, 0, 2, 1])
+    logits = prefilled().forward([tree])
+    for node, path in enumerate([[a], [a, b], [a, c], [a, c, d], [a, b, e]]):
+        chain = prefilled().forward([SequenceInput("s", path, 150, len(path))])
+        assert torch.equal(logits[node], chain[-1])
+
+
 def test_in_bf16_a_prompt_prefilled_in_pieces_gets_the_logits_it_gets_in_one_forward(tiny_model_dir):
     """What chunked prefill needs: a prompt's bits do not depend on how its tokens are split across forwards."""
     prompt = tokens(50, 24)

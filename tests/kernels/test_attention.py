@@ -13,6 +13,7 @@ BATCHES = {
     "mixed": ([1, 5, 40, 3], [0, 17, 3, 300]),
     "prefill": ([70], [0]),
     "one_block": ([2, 1], [0, 3]),
+    "past_a_chunk": ([9, 12], [130, 70]),  # drafts after whole 64-key chunks of cached prefix
 }
 # (atol, rtol): bf16 outputs may land one bf16 step (2^-8 relative) apart, e.g. where AMX rounds the weights to bf16
 TOLERANCE = {torch.float32: (2e-6, 0), torch.bfloat16: (1e-2, 2 ** -7), torch.float16: (2e-3, 0)}
