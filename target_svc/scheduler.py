@@ -56,10 +56,8 @@ ADMISSION_WATERMARK = 0.01
 # the median gap fell on either, and its p99 was 2.2 to 5.9 times its p50 from one run to the next.)
 # If the prompts need more, the step carries PREFILL_PACE times the prompt work arriving per step (a mean
 # over about RECENT_STEPS steps), so that under a steady load the queue drains at an even pace, or the
-# joining prompts' remaining work over DRAIN_STEPS plain decoding steps' time, so that a queue built up (a
-# burst; a closed loop whose arrivals slowed because its batch shrank) drains, as fast with drafts as without:
-# counted in steps, steps made longer by drafts drained it that much later (at 32 clients, on prompts the
-# drafters knew, `auto`'s TTFT p50 was 6.1 s against 3.0 s for `none`). But a step never grows past MAX_STRETCH times
+# joining prompts' remaining work over DRAIN_STEPS, so that a queue built up (a burst; a closed loop
+# whose arrivals slowed because its batch shrank) drains. But a step never grows past MAX_STRETCH times
 # the decoding part: one long prompt, or a burst of them, must not slow every stream for many steps.
 # The oldest prompts go first, the step's first chunk at least MIN_PREFILL_CHUNK tokens; with nothing
 # decoding a step takes whatever its token budget holds.
@@ -351,19 +349,16 @@ class Scheduler:
     def _prefill_seconds(self, decoding: list[Scheduled], joining: list[Sequence]) -> float:
         """Seconds of prompt work a step may carry beside its decodes: STEP_STRETCH - 1 times the decoding
         part of the batch once the joining prompts are in it, or, if more, PREFILL_PACE times the prompt
-        work arriving per step or their remaining work over DRAIN_STEPS plain decoding steps (the decoding
-        part without drafts or round trips), but never more than MAX_STRETCH - 1 times that decoding part. No
-        limit when nothing decodes."""
+        work arriving per step or their remaining work over DRAIN_STEPS, but never more than
+        MAX_STRETCH - 1 times that decoding part. No limit when nothing decodes."""
         if not decoding:
             return math.inf
         plain = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
                              + [(seq.prefill_target, 1) for seq in joining])
-        plain_part = max(self._cost.predict(plain), MIN_SECONDS)
-        decoding_part = plain_part + self._draft_seconds + self._round_trip
+        decoding_part = self._cost.predict(plain) + self._draft_seconds + self._round_trip
         backlog = sum(self._cost.chunk_seconds(seq.num_computed, seq.prefill_target - seq.num_computed)
                       for seq in joining)
-        drain = backlog / DRAIN_STEPS * decoding_part / plain_part
-        wanted = max((STEP_STRETCH - 1) * decoding_part, PREFILL_PACE * self._prompt_arrivals, drain)
+        wanted = max((STEP_STRETCH - 1) * decoding_part, PREFILL_PACE * self._prompt_arrivals, backlog / DRAIN_STEPS)
         return min(wanted, (MAX_STRETCH - 1) * decoding_part)
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:

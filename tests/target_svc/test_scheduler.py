@@ -17,7 +17,7 @@ from target_svc.drafting.gate import PROBE_EVERY, TYPICAL_EVIDENCE
 from target_svc.metrics import TargetMetrics
 from engine.config import EngineConfig
 from engine.runner import ModelRunner
-from target_svc.scheduler import Scheduled, Scheduler
+from target_svc.scheduler import Scheduler
 from target_svc.sequence import Sequence, SequenceStatus
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7]
@@ -265,19 +265,6 @@ async def test_one_long_prompt_is_a_burst_not_a_load_its_pace_never_makes_a_step
         # prompt's pace, 16 s of work over ~64 steps, and its work over 16 steps would put 39 and 125 tokens in a
         # step; its cap, 7 x 36 ms, puts 31.
         assert 16 < max(b - a for a, b in zip(prefilled, prefilled[1:])) <= 31
-
-
-async def test_a_queue_drains_in_the_time_plain_steps_take_however_much_longer_drafts_make_the_steps(
-        tiny_model_dir):
-    cost = measured_cost(lambda shape: 0.020 + 0.0005 * shape.tokens)  # 20 ms a step plus 0.5 ms a token
-    async with bf16_scheduler(tiny_model_dir, cost_model=cost) as scheduler:
-        decoding = [Scheduled(sequence("short", max_tokens=40))]
-        joining = [sequence(f"w{i}", prompt_of(i, 500), max_tokens=1) for i in range(8)]
-        # 8 prompts of 500 tokens, 2 s of work, over 16 plain steps: 125 ms a step. Their batch of 9 decodes
-        # in 24.5 ms: twice that, 49 ms, is less, and seven times that, 171.5 ms, more.
-        assert scheduler._prefill_seconds(decoding, joining) == pytest.approx(0.125)
-        scheduler._draft_seconds = 0.0245  # drafts make each step twice as long: twice as much a step
-        assert scheduler._prefill_seconds(decoding, joining) == pytest.approx(0.250)
 
 
 @pytest.mark.parametrize("speculate", [False, True], ids=["none", "drafts"])
