@@ -192,7 +192,6 @@ class TileAttention {
       follow_path(i);
       attend_queries(key_cache, value_cache, chunk, i, i + 1);
     }
-    follow_path(-1);
   }
 
   void load_queries(const scalar_t* query) {
@@ -222,20 +221,20 @@ class TileAttention {
   }
 
  private:
-  // Queries first .. last - 1 of the tile through one chunk (for a tree query, along the path followed).
-  void attend_queries(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk, int64_t first,
-                      int64_t last) {
-    count_ = std::min(kChunk, query_limit(last - 1) - chunk);
+  // Queries first_query .. last_query - 1 of the tile through one chunk (a tree query along the path followed).
+  void attend_queries(const scalar_t* key_cache, const scalar_t* value_cache, int64_t chunk, int64_t first_query,
+                      int64_t last_query) {
+    count_ = std::min(kChunk, query_limit(last_query - 1) - chunk);
     if (count_ <= 0) return;  // a tree query whose path ends before the chunk: nothing here for it
     chunk_ = chunk;
     find_keys(key_cache, chunk);
     find_values(value_cache, chunk);
-    mark_visible(chunk, first, last);
+    mark_visible(chunk, first_query, last_query);
     if (p_->amx) return attend_tiles();  // every row of the tile: AMX tiles hold one tree query (tiles_by_cost)
     if constexpr (!kDotProducts) unpack_chunk();
     convert_values();
-    for (int64_t r = first * group_; r < last * group_; r += kRowGroup) {
-      switch (std::min(kRowGroup, last * group_ - r)) {
+    for (int64_t r = first_query * group_; r < last_query * group_; r += kRowGroup) {
+      switch (std::min(kRowGroup, last_query * group_ - r)) {
         case 1: attend_rows<1>(r); break;
         case 2: attend_rows<2>(r); break;
         case 3: attend_rows<3>(r); break;
@@ -245,8 +244,8 @@ class TileAttention {
   }
 
   // Past every position query i of the tile sees; for a tree query, the path it follows is laid out from
-  // start_ (follow_path), so that is past its path's last node. In a chunk of the cached prefix all
-  // queries' limits lie beyond it.
+  // start_ (follow_path), so that is past its path's last node. Before any path is followed (the chunks of
+  // the cached prefix, which come first) all queries' limits lie beyond the chunk.
   int64_t query_limit(int64_t i) const {
     if (tree_ < 0) return start_ + first_new_ + i + 1;
     return path_ == nullptr ? limit() : start_ + path_length_;
@@ -346,12 +345,12 @@ class TileAttention {
     }
   }
 
-  // Which of the chunk's positions queries first .. last - 1 see. Positions before the new tokens are seen
-  // by all; a chain query sees up to its own position: both are comparisons, done lane-wise.
-  void mark_visible(int64_t chunk, int64_t first, int64_t last) {
+  // Which of the chunk's positions queries first_query .. last_query - 1 see. Positions before the new tokens
+  // are seen by all; a chain query sees up to its own position: both are comparisons, done lane-wise.
+  void mark_visible(int64_t chunk, int64_t first_query, int64_t last_query) {
     i32x16 lane;
     for (int32_t j = 0; j < kLanes; ++j) lane[j] = j;
-    for (int64_t i = first; i < last; ++i) {
+    for (int64_t i = first_query; i < last_query; ++i) {
       // A tree query sees its whole path, laid out as a chain (see follow_path).
       const int64_t last_seen = std::min(chunk + count_, query_limit(i)) - 1;
       for (int64_t c = 0; c < kSubChunks; ++c) {
