@@ -30,7 +30,7 @@ from specd.drafts import ROOT, DraftTree
 from specd.errors import DeadlineExceeded, InternalError, ResourceExhausted, Unavailable
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.base import Window
-from target_svc.drafting.drafters import Drafters
+from target_svc.drafting.drafters import Answers, Drafters
 from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.calibration import AcceptanceCalibration
 from target_svc.drafting.gate import DraftingGate
@@ -214,14 +214,14 @@ class Scheduler:
         # drafts, windows and round trips are weighed against this, in the tokens it decodes per second.
         plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes))
         wanting, asking = self._asking(decodes, plain_seconds)
-        round_trip, drafts, round_trips = 0.0, {}, {}
+        round_trip, answers = 0.0, Answers({}, {}, set())
         if asking:
             asked = time.perf_counter()
-            drafts, round_trips = await self._drafters.propose([pair for group in asking.values() for pair in group])
+            answers = await self._drafters.propose([pair for group in asking.values() for pair in group])
             round_trip = time.perf_counter() - asked
         self._round_trip = _moved(self._round_trip, round_trip)
         asked_ids = {seq.request_id for group in asking.values() for seq, _ in group}
-        plan = self._plan(decodes, drafts, asked_ids, plain_seconds)
+        plan = self._plan(decodes, answers.drafts, asked_ids, plain_seconds)
         if not plan:
             return
         outcomes = await self._compute(plan)
@@ -234,7 +234,11 @@ class Scheduler:
             gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in verified]
             overhang = self._overhang.seconds(method)
             self._metrics.ask_overhang.labels(method).set(overhang)
-            self._gate(method).asked(round_trips.get(method, round_trip) + overhang, gains)
+            method_round_trip = answers.round_trips.get(method, round_trip) + overhang
+            if method in answers.unanswered:
+                self._gate(method).went_unanswered(method_round_trip)
+            else:
+                self._gate(method).asked(method_round_trip, gains)
             for item, outcome in verified:
                 self._drafters.observe(item.seq, item.guesses, len(item.draft), outcome.path)
             for seq, gain in gains:

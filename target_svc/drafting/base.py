@@ -1,7 +1,7 @@
 """The target-side interface of a draft source, remote or in-target.
 
 The step asks every source once per step for all its sequences; a source that fails or is late
-answers with fewer drafts (or none), never with an error: drafts are an optimisation.
+answers with None (no answer) or fewer drafts, never with an error: drafts are an optimisation.
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ class DraftSource(Protocol):
     async def start(self) -> None:
         """Ready to propose (a remote source learns its schema here)."""
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
-        """Drafts of at most k tokens for each (sequence, k), by sequence id; missing = no draft."""
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree] | None:
+        """Drafts of at most k tokens for each (sequence, k), by sequence id; missing = no draft; None: the
+        source did not answer (it failed or missed its deadline)."""
 
     def release(self, sequence: Sequence) -> None:
         """The sequence finished: drop what is kept for it."""

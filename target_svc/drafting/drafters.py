@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
@@ -13,6 +14,14 @@ from target_svc.drafting.auto import AUTO_SCHEMA, MethodChooser, MethodRecord
 from target_svc.drafting.base import DraftSource, Window, WindowSource
 from target_svc.drafting.fused import FUSED_METHOD, FusedSource
 from target_svc.sequence import Sequence
+
+
+class Answers(NamedTuple):
+    """What one step's asks brought: drafts by sequence id, each asked method's round trip in seconds, and
+    the methods whose drafter did not answer."""
+    drafts: dict[str, DraftTree]
+    round_trips: dict[str, float]
+    unanswered: set[str]
 
 
 class Drafters:
@@ -66,10 +75,9 @@ class Drafters:
         source = self._sources.get(seq.speculative.method)
         return source.schema.feature_layers if source is not None and source.schema.wants_features else None
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> tuple[dict[str, DraftTree], dict[str, float]]:
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> Answers:
         """Drafts for every (sequence, k) with k > 0, asking all sources concurrently, each once (a source
-        answers one ask at a time: `fused` sequences join its members' asks); and each asked method's round
-        trip in seconds."""
+        answers one ask at a time: `fused` sequences join its members' asks)."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
         for seq, k in wanted:
             if k > 0 and seq.drafting_method in self._sources:
@@ -80,19 +88,27 @@ class Drafters:
         for method in (fused.member_methods if fused_group else []):
             asks.setdefault(method, []).extend(fused_group)
         replies = await asyncio.gather(*(self._timed(m, group) for m, group in asks.items()))
-        drafts, round_trips, member_replies = {}, {}, {}
-        for method, reply, seconds in replies:  # a token the model cannot embed would fail the step: drop such drafts
+        answers = Answers({}, {}, set())
+        member_replies = {}
+        for method, reply, seconds in replies:
+            answers.round_trips[method] = seconds
+            if reply is None:
+                answers.unanswered.add(method)
+                continue
+            # a token the model cannot embed would fail the step: drop such drafts
             reply = {sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d.token_ids)}
-            drafts.update({seq.request_id: reply[seq.request_id] for seq, _ in by_method.get(method, [])
-                           if seq.request_id in reply})
+            answers.drafts.update({seq.request_id: reply[seq.request_id] for seq, _ in by_method.get(method, [])
+                                   if seq.request_id in reply})
             member_replies[method] = reply
-            round_trips[method] = seconds
         if fused_group:
-            drafts.update(fused.fuse(fused_group, member_replies))
-            round_trips[FUSED_METHOD] = max(round_trips[m] for m in fused.member_methods)
-        return drafts, round_trips
+            answers.drafts.update(fused.fuse(fused_group, member_replies))
+            answers.round_trips[FUSED_METHOD] = max(answers.round_trips[m] for m in fused.member_methods)
+            if not member_replies:
+                answers.unanswered.add(FUSED_METHOD)
+        return answers
 
-    async def _timed(self, method: str, group: list[tuple[Sequence, int]]) -> tuple[str, dict[str, DraftTree], float]:
+    async def _timed(self, method: str,
+                     group: list[tuple[Sequence, int]]) -> tuple[str, dict[str, DraftTree] | None, float]:
         started = time.perf_counter()
         reply = await self._sources[method].propose(group)
         return method, reply, time.perf_counter() - started

@@ -42,11 +42,13 @@ class FusedSource:
     def member_methods(self) -> list[str]:
         return [member.method for member in self._members]
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree] | None:
         """Asks every member itself: for use on its own (the target's step shares one ask per member per step
         among the members' own sequences and fused ones, and calls `fuse`)."""
         replies = await asyncio.gather(*(member.propose(wanted) for member in self._members))
-        return self.fuse(wanted, dict(zip(self.member_methods, replies)))
+        if all(reply is None for reply in replies):
+            return None
+        return self.fuse(wanted, {m: reply for m, reply in zip(self.member_methods, replies) if reply is not None})
 
     def fuse(self, wanted: list[tuple[Sequence, int]],
              replies: dict[str, dict[str, DraftTree]]) -> dict[str, DraftTree]:

@@ -23,10 +23,15 @@ its own, five of them asked a third of the steps at 32 clients for drafts that d
 The spacing goes by the drafter's typical round trip, not its fastest: a model drafter's probe catches its
 cache up on every token since the last one (45 ms a probe on average, a few at its fastest). Spaced by its
 fastest to 5% of the time, the probes cost that LayerSkip draft model 27% of the speed on Spec-Bench at
-batch 1 (0.73x `none`); by its typical round trip to 2%, 4% (0.96x). A drafter that is down is probed as
-rarely as its deadline is long, and more often again once it answers. Until asks
-have gained TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat comes a few
-steps in, and a first empty answer says little about what asks gain.
+batch 1 (0.73x `none`); by its typical round trip to 2%, 4% (0.96x). Until asks have gained
+TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat comes a few steps in, and a
+first empty answer says little about what asks gain.
+
+An ask the drafter left unanswered (it is down, failed, or missed its deadline) says nothing of what its
+drafts gain, only what asking it costs meanwhile: such a drafter is asked only as a probe, spaced by what
+its unanswered asks took (a dead one about every deadline / PROBE_SHARE seconds), and once a probe is
+answered its round trip starts afresh from that answer, so that asks resume at once where they gain
+(moving on from the deadline-long mean, they came back only after dozens of probes).
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ class DraftingGate:
         self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
         self.evidence = 0  # sequence-asks the typical gain has seen
         self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
+        self.unanswered = False  # whether the latest ask went unanswered
 
     def expected_gain(self, seq: Sequence) -> float:
         """What asking for `seq`'s draft is expected to gain the batch, in tokens (typical_gain set)."""
@@ -70,8 +76,13 @@ class DraftingGate:
         chunks, drafts and all), the step's sequences wanting `drafters` drafters in all."""
         if not wanting:
             return False
-        if self.round_trip is None or self.evidence < TYPICAL_EVIDENCE or self.unasked_steps >= self._probe_every(
-                step_seconds, drafters):
+        if self.round_trip is None:
+            return True
+        if self.unasked_steps >= self._probe_every(step_seconds, drafters):
+            return True
+        if self.unanswered:
+            return False
+        if self.evidence < TYPICAL_EVIDENCE:
             return True
         decoded_meanwhile = self.round_trip * decodes / plain_seconds if plain_seconds > 0 else 0.0
         return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
@@ -86,7 +97,8 @@ class DraftingGate:
     def asked(self, round_trip: float, gains: list[tuple[Sequence, float]]) -> None:
         """An ask cost the step `round_trip` seconds, and each (sequence, tokens): what the asked sequence's
         draft gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
-        self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
+        self.round_trip = round_trip if self.unanswered else moved(self.round_trip, round_trip, SMOOTHING)
+        self.unanswered = False
         self.unasked_steps = 0
         for seq, tokens in gains:
             seq.unasked_steps = 0
@@ -94,6 +106,12 @@ class DraftingGate:
             seq.draft_gain = warmed(seq.draft_gain, tokens, seq.draft_asks, GAIN_SMOOTHING)
             self.evidence += 1
             self.typical_gain = warmed(self.typical_gain, tokens, self.evidence, GAIN_SMOOTHING)
+
+    def went_unanswered(self, round_trip: float) -> None:
+        """An ask cost the step `round_trip` seconds and the drafter did not answer it."""
+        self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
+        self.unanswered = True
+        self.unasked_steps = 0
 
     def skipped(self, wanting: list[Sequence]) -> None:
         self.unasked_steps += 1

@@ -102,8 +102,8 @@ class RemoteDrafter:
             await asyncio.sleep(DESCRIBE_RETRY_S)
         log.info("drafter %s at %s answered: its options are known", self.method, self.address)
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
-        """Drafts of at most k tokens for each (sequence, k); {} if the drafter failed."""
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree] | None:
+        """Drafts of at most k tokens for each (sequence, k); None if the drafter failed."""
         wanted = self._within_bounds(wanted)
         if not wanted:
             return {}
@@ -122,7 +122,7 @@ class RemoteDrafter:
             # The stream is out of step now (a late answer would be taken for the next one): the next ask opens another.
             self._close_stream()
             self._metrics.drafter_failures.labels(self.method, _failure_code(err)).inc()
-            return {}
+            return None
         finally:
             self._metrics.drafter_rpc_latency.labels(self.method).observe(time.perf_counter() - started)
         return self._accept(wanted, response)
@@ -182,10 +182,10 @@ class RemoteDrafter:
         return drafter_pb2.Features(start_position=first, hidden_size=rows.shape[1], dtype=dtype, data=data)
 
     def _accept(self, wanted: list[tuple[Sequence, int]],
-                response: drafter_pb2.ProposeResponse) -> dict[str, DraftTree]:
+                response: drafter_pb2.ProposeResponse) -> dict[str, DraftTree] | None:
         if len(response.drafts) != len(wanted):
             self._metrics.drafter_failures.labels(self.method, "MALFORMED").inc()
-            return {}
+            return None
         drafts = {}
         for (seq, k), pb in zip(wanted, response.drafts):
             sent_features = self._sending_features.pop(seq.request_id, 0)

@@ -124,7 +124,36 @@ async def test_a_step_with_fused_and_member_sequences_asks_each_member_once():
     alone, together = sequence("alone"), sequence("together")
     alone.speculative = SpeculativeConfig(method="ngram")
     together.speculative = SpeculativeConfig(method="fused")
-    drafts, round_trips = await drafters.propose([(alone, 2), (together, 2)])
+    answers = await drafters.propose([(alone, 2), (together, 2)])
     assert ngram.asks == suffix.asks == 1
-    assert drafts["alone"].token_ids == (5,) and set(drafts["together"].token_ids) == {5, 6}
-    assert set(round_trips) == {"ngram", "suffix", "fused"}
+    assert answers.drafts["alone"].token_ids == (5,) and set(answers.drafts["together"].token_ids) == {5, 6}
+    assert set(answers.round_trips) == {"ngram", "suffix", "fused"} and not answers.unanswered
+
+
+class Silent(OneAskAtATime):
+    """A drafter that is down: every ask goes unanswered."""
+
+    async def propose(self, wanted):
+        await super().propose(wanted)
+        return None
+
+
+async def test_a_member_that_does_not_answer_leaves_fused_the_others_drafts_and_is_named_unanswered():
+    ngram, suffix = Silent("ngram", 5), OneAskAtATime("suffix", 6)
+    drafters = Drafters([ngram, suffix], vocab_size=64)
+    await drafters.start()
+    alone, together = sequence("alone"), sequence("together")
+    alone.speculative = SpeculativeConfig(method="ngram")
+    together.speculative = SpeculativeConfig(method="fused")
+    answers = await drafters.propose([(alone, 2), (together, 2)])
+    assert "alone" not in answers.drafts and answers.drafts["together"].token_ids == (6,)
+    assert answers.unanswered == {"ngram"}  # fused was answered by suffix
+
+
+async def test_fused_goes_unanswered_when_none_of_its_members_answer():
+    drafters = Drafters([Silent("ngram", 5), Silent("suffix", 6)], vocab_size=64)
+    await drafters.start()
+    together = sequence("together")
+    together.speculative = SpeculativeConfig(method="fused")
+    answers = await drafters.propose([(together, 2)])
+    assert answers.drafts == {} and answers.unanswered == {"ngram", "suffix", "fused"}

@@ -70,6 +70,26 @@ def test_probes_are_spaced_by_the_typical_round_trip_not_the_fastest():
         gate.skipped([seq])
 
 
+def test_a_drafter_that_did_not_answer_is_asked_only_as_a_probe_spaced_by_what_its_unanswered_asks_took():
+    """Even before asks have shown what they gain: a drafter that is down would otherwise cost every step
+    its deadline."""
+    gate, seq = DraftingGate(), sequence("a")
+    gate.went_unanswered(0.050)
+    for _ in range(round(0.050 / (PROBE_SHARE * 0.015))):
+        assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
+        gate.skipped([seq])
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
+
+
+def test_once_a_probe_is_answered_the_round_trip_starts_afresh_and_asks_resume_where_they_gain():
+    gate, seq = seasoned(), sequence("a")
+    for _ in range(8):
+        gate.went_unanswered(0.050)
+    gate.asked(0.001, [(seq, 3.0)])
+    assert gate.round_trip == 0.001  # not a mean still most of the way to the deadline
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
+
+
 def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
     gate, seqs = seasoned(), [sequence("a"), sequence("b")]
     gate.asked(0.002, [(seqs[0], 1), (seqs[1], 0)])
