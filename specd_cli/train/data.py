@@ -131,10 +131,14 @@ def dataset_sequences(source: Path, tokenizer, max_length: int, skip: int = 0) -
             yield encode(tokenizer, messages, max_length)
 
 
-def target_sequences(source: Path, runner, tokenizer, max_length: int, max_new_tokens: int, skip: int = 0,
+Answer = Callable[[list[list[int] | None], int], Iterator[list[int]]]
+
+
+def target_sequences(source: Path, answer: Answer, tokenizer, max_length: int, max_new_tokens: int, skip: int = 0,
                      batch_size: int = ANSWER_BATCH) -> Iterator[list[int]]:
     """Each conversation's first user turn answered by the target itself, greedily (self-distillation: the
-    head learns on the text it will draft, as in HASS and EAGLE-3), past the first `skip`; batched."""
+    head learns on the text it will draft, as in HASS and EAGLE-3), past the first `skip`; batched.
+    `answer(prompts, max_new_tokens)`: each prompt with its greedy answer (an empty list for None)."""
     prompts = []
     for index, messages in enumerate(conversations(source)):
         if index < skip:
@@ -146,14 +150,14 @@ def target_sequences(source: Path, runner, tokenizer, max_length: int, max_new_t
                                                      return_dict=True)
             prompts.append(list(encoding["input_ids"])[:max_length - max_new_tokens])
         if len(prompts) == batch_size:
-            yield from _answered(runner, prompts, max_new_tokens)
+            yield from answer(prompts, max_new_tokens)
             prompts = []
     if prompts:
-        yield from _answered(runner, prompts, max_new_tokens)
+        yield from answer(prompts, max_new_tokens)
 
 
-def _answered(runner, prompts: list[list[int] | None], max_new_tokens: int) -> Iterator[list[int]]:
-    """Each prompt and the target's greedy answer (an empty list for None)."""
+def engine_answers(runner, prompts: list[list[int] | None], max_new_tokens: int) -> Iterator[list[int]]:
+    """Each prompt and the target's greedy answer by specd's engine (an empty list for None)."""
     from engine.runner import SequenceInput
     live = [i for i, p in enumerate(prompts) if p]
     texts = [list(p) if p else [] for p in prompts]
@@ -172,11 +176,11 @@ def _answered(runner, prompts: list[list[int] | None], max_new_tokens: int) -> I
     yield from texts
 
 
-def prepare(sequences: Callable[[int], Iterator[list[int]]], runner, out_dir: Path, max_tokens: int,
-            shard_tokens: int = 65536) -> list[Path]:
+def prepare(sequences: Callable[[int], Iterator[list[int]]], features: Callable[[list[int]], torch.Tensor],
+            out_dir: Path, max_tokens: int, shard_tokens: int = 65536) -> list[Path]:
     """Shards in out_dir of at least `max_tokens` tokens in all, from `sequences(skip)` (the token ids of
-    each conversation past the first `skip`). Shards already prepared are kept, so an interrupted run
-    goes on where it stopped."""
+    each conversation past the first `skip`) and `features(ids)` (the target's feature of each token). Shards
+    already prepared are kept, so an interrupted run goes on where it stopped."""
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = sorted(out_dir.glob("shard-*.pt"))
     progress = out_dir / "prepared.json"  # conversations read and tokens stored by the shards so far
@@ -197,7 +201,7 @@ def prepare(sequences: Callable[[int], Iterator[list[int]]], runner, out_dir: Pa
         if len(ids) < 16:
             continue
         pending.tokens.append(torch.tensor(ids, dtype=torch.int32))
-        pending.features.append(target_features(runner, ids))
+        pending.features.append(features(ids))
         done += len(ids)
         if sum(map(len, pending.tokens)) >= shard_tokens or done >= max_tokens:
             flush(index + 1)

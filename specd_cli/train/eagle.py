@@ -108,6 +108,7 @@ def train(shards: list[Shard], config_of_target, target_embed: torch.Tensor, tar
                      metrics["feature_loss"])
             torch.save({"state": module.inference_state(), "optimizer": optimizer.state_dict(),
                         "schedule": schedule.state_dict(), "step": step, "position": position}, checkpoint_path)
+            save_head(out_dir, config, module.inference_state(), dtype=torch.bfloat16)  # servable if stopped here
     metrics = evaluate(module, held_out, full_lm_head)
     save_head(out_dir, config, module.inference_state(), dtype=torch.bfloat16)
     return metrics

@@ -3,6 +3,7 @@ written for this test (never in its training data), its first draft token is the
 more often than chance. Measured here rather than through the services, where the drafting gate verifies
 only the few drafts it expects to pay (CI saw 10 verified in three answers)."""
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from engine.eagle import WEIGHTS_FILE, EagleConfig, target_embedding_and_lm_head
 from engine.eagle_module import EagleHeadModule
 from engine.runner import ModelRunner
 from specd.model_store import DEFAULT_MODEL, resolve_model
-from specd_cli.train.data import target_features, target_sequences
+from specd_cli.train.data import engine_answers, target_features, target_sequences
 from specd_cli.train.eagle import evaluate
 
 pytestmark = pytest.mark.e2e
@@ -35,8 +36,8 @@ def test_the_shipped_head_predicts_the_targets_next_token_on_answers_it_never_sa
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": prompt}) + "\n" for prompt in PROMPTS))
     runner = ModelRunner(model_dir, kv_cache_tokens=4096, engine=EngineConfig.parse("cpu", "bfloat16"))
-    answered = list(target_sequences(source, runner, AutoTokenizer.from_pretrained(model_dir), max_length=512,
-                                     max_new_tokens=ANSWER_TOKENS))
+    answered = list(target_sequences(source, partial(engine_answers, runner), AutoTokenizer.from_pretrained(model_dir),
+                                     max_length=512, max_new_tokens=ANSWER_TOKENS))
     sequences = [(torch.tensor(ids), target_features(runner, ids)) for ids in answered]
 
     state = load_file(head_dir / WEIGHTS_FILE)

@@ -1,6 +1,7 @@
 """`specd train eagle` from scratch on the tiny model (with the real tokenizer): data prepared once, a head
 the eagle drafter loads, held-out top-1 reported, and a second run resumes instead of starting over."""
 import json
+from functools import partial
 
 import pytest
 from transformers import AutoTokenizer
@@ -59,12 +60,12 @@ def test_target_responses_are_the_targets_own_greedy_answers_to_the_first_user_t
     from transformers import AutoModelForCausalLM
 
     from engine.runner import ModelRunner
-    from specd_cli.train.data import target_sequences
+    from specd_cli.train.data import engine_answers, target_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
     runner = ModelRunner(chat_model_dir, kv_cache_tokens=2048)
-    answered = list(target_sequences(chats, runner, tokenizer, max_length=64, max_new_tokens=6, skip=28,
-                                     batch_size=4))
+    answered = list(target_sequences(chats, partial(engine_answers, runner), tokenizer, max_length=64,
+                                     max_new_tokens=6, skip=28, batch_size=4))
     assert len(answered) == 2  # 30 conversations, the first 28 skipped
     model = AutoModelForCausalLM.from_pretrained(chat_model_dir, dtype=torch.float32).eval()
     for ids, topic in zip(answered, TOPICS[8:]):
@@ -81,3 +82,24 @@ def test_init_from_a_published_head_is_refused_before_any_work_and_points_to_ser
     with pytest.raises(SystemExit, match="--eagle-head"):
         main(["train", "eagle", "--data", str(chats), "--output", str(tmp_path / "out"), "--init", str(directory)])
     assert not (tmp_path / "out").exists()
+
+
+def test_prepared_with_transformers_the_answers_and_features_are_specd_engines(chat_model_dir, chats):
+    """`--prepare-with transformers` (batched generate, for a GPU) yields the same data as specd's engine."""
+    import torch
+
+    from engine.runner import ModelRunner
+    from specd_cli.train.data import engine_answers, target_features, target_sequences
+    from specd_cli.train.transformers_target import TransformersTarget
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    runner = ModelRunner(chat_model_dir, kv_cache_tokens=2048)
+    target = TransformersTarget(chat_model_dir, "cpu", torch.float32)
+    by_engine = list(target_sequences(chats, partial(engine_answers, runner), tokenizer, max_length=64,
+                                      max_new_tokens=8, skip=24, batch_size=3))
+    by_transformers = list(target_sequences(chats, target.answers, tokenizer, max_length=64, max_new_tokens=8,
+                                            skip=24, batch_size=3))
+    assert len({len(ids) for ids in by_transformers}) > 1  # prompts of different lengths share a batch
+    assert by_transformers == by_engine
+    for ids in by_engine:
+        torch.testing.assert_close(target.features(ids), target_features(runner, ids), atol=2e-2, rtol=2e-2)
