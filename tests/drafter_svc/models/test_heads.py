@@ -47,4 +47,4 @@ def test_the_shipped_head_predicts_the_targets_next_token_on_answers_it_never_sa
     top1 = evaluate(module, sequences, lm_head.float())["top1"]
 
     print(f"shipped head: top-1 {top1:.3f} over {sum(len(ids) - 1 for ids in answered)} positions")
-    assert top1 > 0.2  # 0.35 held out when it was trained; an untrained head's is about 1 in 8,192
+    assert top1 > 0.5  # 0.578 here (the CPU-trained head before it: 0.455); an untrained head: about 1 in 8,192
