@@ -28,10 +28,12 @@ TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat come
 first empty answer says little about what asks gain.
 
 An ask the drafter left unanswered (it is down, failed, or missed its deadline) says nothing of what its
-drafts gain, only what asking it costs meanwhile: such a drafter is asked only as a probe, spaced by what
-its unanswered asks took (a dead one about every deadline / PROBE_SHARE seconds), and once a probe is
-answered its round trip starts afresh from that answer, so that asks resume at once where they gain
-(moving on from the deadline-long mean, they came back only after dozens of probes).
+drafts gain, nor of its round trip when it answers: it is kept apart. After MISSES_BEFORE_PROBING in a row
+(one is a busy moment: a suffix drafter indexing new prompts missed 3 of 27 asks at 32 clients) the drafter
+is asked only as a probe, spaced by what its unanswered asks took (a dead one about every deadline /
+PROBE_SHARE seconds), and the first answer puts it back on its answered round trip at once. (Folded into
+the round trip, the deadline-long failures of a drafter that was down when the target started spaced the
+probes so far apart that a request went unprobed after it came back.)
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ SMOOTHING = 0.25  # weight of an ask's round trip in their moving mean
 # 1.27; at 0.05 1.21x, tau 1.34; asking every step 1.24x, tau 1.41).
 GAIN_SMOOTHING = 0.05
 DRIFT = 0.25  # the share of the way back to the typical gain a sequence's expected gain goes per unasked step
+MISSES_BEFORE_PROBING = 2  # unanswered asks in a row after which the drafter is asked only as a probe
 
 
 class DraftingGate:
@@ -57,10 +60,11 @@ class DraftingGate:
         # Seconds an ask costs the step, a moving mean (None before the first): its round trip, and what the
         # drafter's work meanwhile slows the forward by (`AskOverhang`).
         self.round_trip: float | None = None
+        self.unanswered_round_trip: float | None = None  # the same for the asks that went unanswered
+        self.misses = 0  # unanswered asks since the last answered one
         self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
         self.evidence = 0  # sequence-asks the typical gain has seen
         self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
-        self.unanswered = False  # whether the latest ask went unanswered
 
     def expected_gain(self, seq: Sequence) -> float:
         """What asking for `seq`'s draft is expected to gain the batch, in tokens (typical_gain set)."""
@@ -76,29 +80,28 @@ class DraftingGate:
         chunks, drafts and all), the step's sequences wanting `drafters` drafters in all."""
         if not wanting:
             return False
-        if self.round_trip is None:
+        if self.misses >= MISSES_BEFORE_PROBING:
+            return self.unasked_steps >= self._probe_every(self.unanswered_round_trip, step_seconds, drafters)
+        if self.round_trip is None or self.evidence < TYPICAL_EVIDENCE:
             return True
-        if self.unasked_steps >= self._probe_every(step_seconds, drafters):
-            return True
-        if self.unanswered:
-            return False
-        if self.evidence < TYPICAL_EVIDENCE:
+        if self.unasked_steps >= self._probe_every(self.round_trip, step_seconds, drafters):
             return True
         decoded_meanwhile = self.round_trip * decodes / plain_seconds if plain_seconds > 0 else 0.0
         return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
 
-    def _probe_every(self, step_seconds: float, drafters: int) -> float:
+    @staticmethod
+    def _probe_every(round_trip: float, step_seconds: float, drafters: int) -> float:
         """Steps between probes: PROBE_EVERY, or more where the drafter's typical round trip is long next to
         a step, or its probes share PROBE_SHARE with other drafters'."""
         if step_seconds <= 0:
             return PROBE_EVERY
-        return max(PROBE_EVERY, self.round_trip * drafters / (PROBE_SHARE * step_seconds))
+        return max(PROBE_EVERY, round_trip * drafters / (PROBE_SHARE * step_seconds))
 
     def asked(self, round_trip: float, gains: list[tuple[Sequence, float]]) -> None:
         """An ask cost the step `round_trip` seconds, and each (sequence, tokens): what the asked sequence's
         draft gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
-        self.round_trip = round_trip if self.unanswered else moved(self.round_trip, round_trip, SMOOTHING)
-        self.unanswered = False
+        self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
+        self.misses = 0
         self.unasked_steps = 0
         for seq, tokens in gains:
             seq.unasked_steps = 0
@@ -109,8 +112,8 @@ class DraftingGate:
 
     def went_unanswered(self, round_trip: float) -> None:
         """An ask cost the step `round_trip` seconds and the drafter did not answer it."""
-        self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
-        self.unanswered = True
+        self.unanswered_round_trip = moved(self.unanswered_round_trip, round_trip, SMOOTHING)
+        self.misses += 1
         self.unasked_steps = 0
 
     def skipped(self, wanting: list[Sequence]) -> None:

@@ -2,7 +2,7 @@
 less what verifying them cost) is worth the round trip; a batch left unasked is asked again every few
 steps."""
 from specd.types import SamplingParams, SpeculativeConfig
-from target_svc.drafting.gate import PROBE_EVERY, PROBE_SHARE, TYPICAL_EVIDENCE, DraftingGate
+from target_svc.drafting.gate import MISSES_BEFORE_PROBING, PROBE_EVERY, PROBE_SHARE, TYPICAL_EVIDENCE, DraftingGate
 from target_svc.sequence import Sequence
 
 
@@ -70,23 +70,36 @@ def test_probes_are_spaced_by_the_typical_round_trip_not_the_fastest():
         gate.skipped([seq])
 
 
-def test_a_drafter_that_did_not_answer_is_asked_only_as_a_probe_spaced_by_what_its_unanswered_asks_took():
+def test_one_unanswered_ask_is_a_busy_moment_the_next_step_asks_as_before():
+    gate, seq = seasoned(), sequence("a")
+    gate.asked(0.002, [(seq, 3.0)])
+    gate.went_unanswered(0.050)  # the drafter was busy past its deadline
+    assert gate.round_trip == 0.002  # the deadline is not what an answer takes
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
+
+
+def test_a_drafter_that_missed_asks_in_a_row_is_asked_only_as_a_probe_spaced_by_what_they_took():
     """Even before asks have shown what they gain: a drafter that is down would otherwise cost every step
     its deadline."""
     gate, seq = DraftingGate(), sequence("a")
-    gate.went_unanswered(0.050)
+    for _ in range(MISSES_BEFORE_PROBING):
+        gate.went_unanswered(0.050)
     for _ in range(round(0.050 / (PROBE_SHARE * 0.015))):
         assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
         gate.skipped([seq])
     assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
-def test_once_a_probe_is_answered_the_round_trip_starts_afresh_and_asks_resume_where_they_gain():
+def test_once_a_probe_is_answered_asks_go_by_the_answered_round_trip_again():
+    """A drafter that was down when the target started answers a probe: asks resume at once where they gain,
+    not probes spaced by the deadline-long failures."""
     gate, seq = seasoned(), sequence("a")
+    gate.asked(0.001, [(seq, 3.0)])
     for _ in range(8):
         gate.went_unanswered(0.050)
+    assert not gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
     gate.asked(0.001, [(seq, 3.0)])
-    assert gate.round_trip == 0.001  # not a mean still most of the way to the deadline
+    assert gate.round_trip == 0.001
     assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
