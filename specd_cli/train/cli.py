@@ -89,7 +89,7 @@ def _prepare(args: argparse.Namespace, model_dir: Path, engine) -> list[Path]:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         target = transformers_target.TransformersTarget(model_dir, engine.device, engine.dtype)
-        answer, features, batch_size = target.answers, target.features, transformers_target.ANSWER_BATCH
+        answer, features, batch_size = target.answers, target.features, transformers_target.GENERATE_BATCH
     else:
         from engine.runner import ModelRunner
         runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,

@@ -1,7 +1,7 @@
 """The target run by transformers, to prepare training data on a GPU (`--prepare-with transformers`).
 
-specd's engine is built to serve: it answers ANSWER_BATCH conversations one token a forward, which on a GPU
-leaves it waiting on kernel launches. transformers' `generate` answers a few hundred at once. The features
+specd's engine answers `data.ANSWER_BATCH` (32) conversations one token a forward; transformers' `generate`
+answers GENERATE_BATCH at once (on an H200: 1.45M tokens of answers and features in 260 s). The features
 are the same quantity either way: the final-normed hidden state of every token (the Llama model's
 `last_hidden_state`, which the LM head turns into the next token's logits).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-ANSWER_BATCH = 512  # conversations answered at once
+GENERATE_BATCH = 512  # conversations answered at once
 
 
 class TransformersTarget:
