@@ -214,7 +214,7 @@ class Scheduler:
         # drafts, windows and round trips are weighed against this, in the tokens it decodes per second.
         plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes))
         wanting, asking = self._asking(decodes, plain_seconds)
-        round_trip, answers = 0.0, Answers({}, {}, set())
+        round_trip, answers = 0.0, Answers.none()
         if asking:
             asked = time.perf_counter()
             answers = await self._drafters.propose([pair for group in asking.values() for pair in group])

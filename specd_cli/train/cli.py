@@ -78,13 +78,14 @@ def _train_eagle(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace, model_dir: Path, engine) -> list[Path]:
     """The shards of the target's features (the target is loaded here, and let go before training)."""
-    import torch
     from transformers import AutoTokenizer
 
     from specd_cli.train import data
 
     source = args.data or data.default_source()
     if args.prepare_with == "transformers":
+        import torch
+
         from specd_cli.train import transformers_target
         if args.threads is not None:
             torch.set_num_threads(args.threads)

@@ -23,6 +23,11 @@ class Answers(NamedTuple):
     round_trips: dict[str, float]
     unanswered: set[str]
 
+    @classmethod
+    def none(cls) -> Answers:
+        """A step that asked nothing."""
+        return cls({}, {}, set())
+
 
 class Drafters:
     def __init__(self, sources: list[DraftSource], vocab_size: int):
@@ -88,8 +93,7 @@ class Drafters:
         for method in (fused.member_methods if fused_group else []):
             asks.setdefault(method, []).extend(fused_group)
         replies = await asyncio.gather(*(self._timed(m, group) for m, group in asks.items()))
-        answers = Answers({}, {}, set())
-        member_replies = {}
+        answers, answered = Answers.none(), {}
         for method, reply, seconds in replies:
             answers.round_trips[method] = seconds
             if reply is None:
@@ -99,11 +103,11 @@ class Drafters:
             reply = {sid: d for sid, d in reply.items() if all(0 <= t < self._vocab_size for t in d.token_ids)}
             answers.drafts.update({seq.request_id: reply[seq.request_id] for seq, _ in by_method.get(method, [])
                                    if seq.request_id in reply})
-            member_replies[method] = reply
+            answered[method] = reply
         if fused_group:
-            answers.drafts.update(fused.fuse(fused_group, member_replies))
+            answers.drafts.update(fused.fuse(fused_group, answered))
             answers.round_trips[FUSED_METHOD] = max(answers.round_trips[m] for m in fused.member_methods)
-            if not member_replies:
+            if answers.unanswered.issuperset(fused.member_methods):
                 answers.unanswered.add(FUSED_METHOD)
         return answers
 

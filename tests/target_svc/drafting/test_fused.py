@@ -117,14 +117,19 @@ class OneAskAtATime(Constant):
         pass
 
 
-async def test_a_step_with_fused_and_member_sequences_asks_each_member_once():
-    ngram, suffix = OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)
-    drafters = Drafters([ngram, suffix], vocab_size=64)
+async def ask_alone_and_fused(*sources):
+    """One step's asks: a sequence drafting with the first source alone, and one drafting with `fused`."""
+    drafters = Drafters(list(sources), vocab_size=64)
     await drafters.start()
     alone, together = sequence("alone"), sequence("together")
-    alone.speculative = SpeculativeConfig(method="ngram")
+    alone.speculative = SpeculativeConfig(method=sources[0].method)
     together.speculative = SpeculativeConfig(method="fused")
-    answers = await drafters.propose([(alone, 2), (together, 2)])
+    return await drafters.propose([(alone, 2), (together, 2)])
+
+
+async def test_a_step_with_fused_and_member_sequences_asks_each_member_once():
+    ngram, suffix = OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)
+    answers = await ask_alone_and_fused(ngram, suffix)
     assert ngram.asks == suffix.asks == 1
     assert answers.drafts["alone"].token_ids == (5,) and set(answers.drafts["together"].token_ids) == {5, 6}
     assert set(answers.round_trips) == {"ngram", "suffix", "fused"} and not answers.unanswered
@@ -138,22 +143,17 @@ class Silent(OneAskAtATime):
         return None
 
 
+class FromFeatures(OneAskAtATime):
+    """A drafter that drafts from the target's features (as EAGLE): never one of fused's members."""
+    schema = OptionSchema("eagle", wants_features=True)
+
+
 async def test_a_member_that_does_not_answer_leaves_fused_the_others_drafts_and_is_named_unanswered():
-    ngram, suffix = Silent("ngram", 5), OneAskAtATime("suffix", 6)
-    drafters = Drafters([ngram, suffix], vocab_size=64)
-    await drafters.start()
-    alone, together = sequence("alone"), sequence("together")
-    alone.speculative = SpeculativeConfig(method="ngram")
-    together.speculative = SpeculativeConfig(method="fused")
-    answers = await drafters.propose([(alone, 2), (together, 2)])
+    answers = await ask_alone_and_fused(Silent("ngram", 5), OneAskAtATime("suffix", 6))
     assert "alone" not in answers.drafts and answers.drafts["together"].token_ids == (6,)
     assert answers.unanswered == {"ngram"}  # fused was answered by suffix
 
 
-async def test_fused_goes_unanswered_when_none_of_its_members_answer():
-    drafters = Drafters([Silent("ngram", 5), Silent("suffix", 6)], vocab_size=64)
-    await drafters.start()
-    together = sequence("together")
-    together.speculative = SpeculativeConfig(method="fused")
-    answers = await drafters.propose([(together, 2)])
-    assert answers.drafts == {} and answers.unanswered == {"ngram", "suffix", "fused"}
+async def test_fused_goes_unanswered_when_none_of_its_members_answer_whatever_other_drafters_do():
+    answers = await ask_alone_and_fused(FromFeatures("eagle", 7), Silent("ngram", 5), Silent("suffix", 6))
+    assert set(answers.drafts) == {"alone"} and answers.unanswered == {"ngram", "suffix", "fused"}
