@@ -172,5 +172,6 @@ def write_kv(key_pool: torch.Tensor, value_pool: torch.Tensor, keys: torch.Tenso
 
 
 def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
-    """See `kernels.reference.kv.compact_kv`."""
-    implementation(src_slots.device).compact_kv(pools, src_slots, dst_slots)
+    """See `kernels.reference.kv.compact_kv`; one C++ call for the packed CPU caches of every layer."""
+    packed = bool(pools) and pools[0].dim() != 3 and _attention_module(src_slots.device) is cpu
+    (cpu if packed else implementation(src_slots.device)).compact_kv(pools, src_slots, dst_slots)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -63,6 +64,11 @@ def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, keys: torch.Ten
              slots: torch.Tensor) -> None:
     """`kernels.reference.kv.write_kv` for packed caches (kv_write.cpp)."""
     _op("write_kv")(key_cache, value_cache, keys, values, slots)
+
+
+def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+    """`kernels.reference.kv.compact_kv` for packed caches, every pool in one call (kv_write.cpp)."""
+    _op("compact_kv")(list(pools), src_slots, dst_slots)
 
 
 def takes_linear_weight(weight: torch.Tensor) -> bool:

@@ -1,10 +1,12 @@
-// New tokens' keys and values into the packed caches of one layer (kernels/layout.py), one call for both:
-// per token, each KV head's dims go to their lanes of the key block and the value block.
+// The packed caches (kernels/layout.py): new tokens' keys and values into one layer's, one call for both
+// (per token, each KV head's dims go to their lanes of the key block and the value block); and entries moved
+// between slots in every layer's at once (an accepted tree path taking its positions).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace {
 
@@ -62,10 +64,86 @@ void write_kv(at::Tensor key_cache, at::Tensor value_cache, const at::Tensor& ke
   });
 }
 
+// Where the elements of a slot's entry sit in a packed pool: keys [blocks, KV, Dh / P, block_size, P] (rank 5),
+// values [blocks, KV, block_size / P, Dh * P] (rank 4). Element (head, dim) of slot s is at
+// entry(s) + head * block_size * Dh + dim_offsets[dim].
+struct PackedLayout {
+  bool keys;
+  int64_t kv_heads, head_dim, block_size, pack;
+  std::vector<int64_t> dim_offsets;
+
+  PackedLayout(const at::Tensor& pool) : keys(pool.dim() == 5), kv_heads(pool.size(1)) {
+    pack = keys ? pool.size(4) : std::max<int64_t>(1, 4 / pool.element_size());
+    head_dim = keys ? pool.size(2) * pack : pool.size(3) / pack;
+    block_size = keys ? pool.size(3) : pool.size(2) * pack;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      dim_offsets.push_back(keys ? d / pack * block_size * pack + d % pack : d * pack);
+    }
+  }
+
+  int64_t entry(int64_t slot) const {
+    const int64_t block = slot / block_size, offset = slot % block_size;
+    const int64_t within = keys ? offset * pack : offset / pack * head_dim * pack + offset % pack;
+    return block * kv_heads * block_size * head_dim + within;
+  }
+};
+
+template <typename scalar_t>
+void move_entries(scalar_t* pool, const PackedLayout& layout, const int64_t* src, const int64_t* dst,
+                  int64_t moves) {
+  // Every source is read before any destination is written: a source may be another move's destination.
+  const int64_t head_stride = layout.block_size * layout.head_dim;
+  std::vector<scalar_t> staged(moves * layout.kv_heads * layout.head_dim);
+  for (int pass = 0; pass < 2; ++pass) {
+    scalar_t* entry = staged.data();
+    for (int64_t m = 0; m < moves; ++m) {
+      for (int64_t h = 0; h < layout.kv_heads; ++h) {
+        scalar_t* head = pool + layout.entry(pass == 0 ? src[m] : dst[m]) + h * head_stride;
+        for (int64_t d = 0; d < layout.head_dim; ++d, ++entry) {
+          if (pass == 0) {
+            *entry = head[layout.dim_offsets[d]];
+          } else {
+            head[layout.dim_offsets[d]] = *entry;
+          }
+        }
+      }
+    }
+  }
+}
+
+// kernels.reference.kv.compact_kv for packed pools: in each pool, entry src_slots[i] to dst_slots[i] ([M] each).
+void compact_kv(at::TensorList pools, const at::Tensor& src_slots, const at::Tensor& dst_slots) {
+  TORCH_CHECK(src_slots.dim() == 1 && dst_slots.sizes() == src_slots.sizes() &&
+                  src_slots.scalar_type() == at::kLong && dst_slots.scalar_type() == at::kLong &&
+                  src_slots.is_contiguous() && dst_slots.is_contiguous(),
+              "src_slots and dst_slots must be contiguous int64 [M]");
+  for (const at::Tensor& pool : pools) {
+    TORCH_CHECK((pool.dim() == 5 || pool.dim() == 4) && pool.is_contiguous() && pool.device().is_cpu(),
+                "packed contiguous CPU pools expected: keys [blocks, KV, Dh / P, block_size, P], values [blocks, "
+                "KV, block_size / P, Dh * P]");
+  }
+  const int64_t moves = src_slots.size(0);
+  if (moves == 0) return;
+  const int64_t* src = src_slots.data_ptr<int64_t>();
+  const int64_t* dst = dst_slots.data_ptr<int64_t>();
+  at::parallel_for(0, static_cast<int64_t>(pools.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const at::Tensor& pool = pools[i];
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, pool.scalar_type(), "compact_kv", [&] {
+        move_entries(pool.data_ptr<scalar_t>(), PackedLayout(pool), src, dst, moves);
+      });
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(specd, m) {
   m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor keys, Tensor values, Tensor slots) -> ()");
+  m.def("compact_kv(Tensor(a!)[] pools, Tensor src_slots, Tensor dst_slots) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(specd, CPU, m) { m.impl("write_kv", &write_kv); }
+TORCH_LIBRARY_IMPL(specd, CPU, m) {
+  m.impl("write_kv", &write_kv);
+  m.impl("compact_kv", &compact_kv);
+}
