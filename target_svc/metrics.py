@@ -74,6 +74,10 @@ class TargetMetrics:
         self.step_cost = Gauge("specd_step_cost_seconds",
                                "The fitted step cost model: seconds fixed, per new token and per token "
                                "of the sequences' lengths", ["term"], registry=r)
+        self.step_host = Gauge("specd_step_host_seconds",
+                               "What a step takes besides its forward and the drafters' round trip (planning, "
+                               "committing, streaming), a moving mean; part of the plain step drafts are weighed "
+                               "against", registry=r)
         self.queue_time = Histogram("specd_request_queue_time_seconds",
                                     "Seconds from a request's arrival to its admission into the running batch",
                                     registry=r, buckets=LATENCY_BUCKETS)

@@ -160,6 +160,8 @@ class Scheduler:
         self._draft_seconds = 0.0  # seconds of the draft tokens a step verified, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
         self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
+        self._forward_seconds = 0.0  # the latest step's forward and verification (set by the compute thread)
+        self._host_seconds = 0.0  # seconds of a step beyond its forward and round trip, a moving mean likewise
         self._step_excess = 0.0  # what the latest step's forward ran over the cost model's prediction (likewise)
         self._overhang = AskOverhang()
         self._gates: dict[str, DraftingGate] = {}  # by method
@@ -206,13 +208,14 @@ class Scheduler:
                     self._fail(seq)
 
     async def step(self) -> None:
+        step_started = time.perf_counter()
         self._drop_marked()
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0.0
         decodes = [s for s in self._running if not s.in_prefill]
         # What decoding costs without drafts: the step's prompt chunks are done whatever is drafted, so
         # drafts, windows and round trips are weighed against this, in the tokens it decodes per second.
-        plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes))
+        plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes)) + self._host_seconds
         wanting, asking = self._asking(decodes, plain_seconds)
         round_trip, answers = 0.0, Answers.none()
         if asking:
@@ -256,6 +259,12 @@ class Scheduler:
                     self._calibration.observe(item.seq.drafting_method, item.draft, outcome.num_accepted)
                 self._commit(item.seq, item.draft, outcome)
         self._metrics.realized_step_tokens.inc(realized)
+        # What every step costs besides its forward: planning, committing, streaming the tokens out (on
+        # this thread, partly while the forward runs). A plain step takes it too, so it is part of what
+        # drafts and round trips are weighed against (left out, at batch 1 it was ~10% of a step).
+        self._host_seconds = _moved(self._host_seconds,
+                                    max(time.perf_counter() - step_started - round_trip - self._forward_seconds, 0.0))
+        self._metrics.step_host.set(self._host_seconds)
         for term, seconds in self._cost.coefficients._asdict().items():
             self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
@@ -372,7 +381,8 @@ class Scheduler:
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
         choice = choose_drafts([self._calibration.corrected(item.seq.drafting_method, item.draft)
                                 for item in decoding],
-                               [item.seq.num_computed for item in decoding], self._cost, base.tokens)
+                               [item.seq.num_computed for item in decoding], self._cost, base.tokens,
+                               self._host_seconds)
         decoded_per_second = len(decoding) / choice.plain_seconds if choice.plain_seconds > 0 else 0.0
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
             item.draft = item.draft.truncated(length)
@@ -497,6 +507,7 @@ class Scheduler:
         self._step_excess = seconds - self._cost.predict(shape)
         self._cost.observe(shape, seconds)
         self._step_seconds = _moved(self._step_seconds, seconds)
+        self._forward_seconds = seconds
         self._metrics.forward_time.observe(seconds)
         self._metrics.realized_step_seconds.inc(seconds)
         self._metrics.step_batch_size.observe(len(plan))

@@ -7,8 +7,8 @@ sequence it is about a tenth of a step. So each sequence keeps a moving mean of 
 cost the batch (`Scheduled.draft_price`); an ask that offered it nothing gained nothing, because its
 round trip was paid all the same. A step asks only when the gain the batch expects is worth more than
 the tokens the batch would decode in the round trip, decoding plainly (the cost model's price of the
-decodes' newest tokens alone: prompt chunks riding in the steps are done whatever is asked, and
-counted in, they made a round trip look cheap under load).
+decodes' newest tokens alone, and what every step costs besides its forward: prompt chunks riding in
+the steps are done whatever is asked, and counted in, they made a round trip look cheap under load).
 
 What a sequence is expected to gain is its own mean, drifting back to what asks have typically gained
 any sequence (`typical_gain`) while it goes unasked: its text may have turned repetitive since. A
@@ -76,8 +76,9 @@ class DraftingGate:
     def worth_asking(self, wanting: list[Sequence], decodes: int, plain_seconds: float, step_seconds: float,
                      drafters: int = 1) -> bool:
         """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences whose newest tokens
-        alone cost `plain_seconds` (by the cost model), recent steps having taken `step_seconds` (prompt
-        chunks, drafts and all), the step's sequences wanting `drafters` drafters in all."""
+        alone take `plain_seconds` a step (the cost model's forward and the step's work besides it), recent
+        steps having taken `step_seconds` (prompt chunks, drafts and all), the step's sequences wanting
+        `drafters` drafters in all."""
         if not wanting:
             return False
         if self.misses >= MISSES_BEFORE_PROBING:

@@ -5,7 +5,9 @@ are accepted, the product of the drafter's per-token estimates along its path (`
 and costs what it adds to the step (`StepCostModel.token_seconds`: more in a long sequence, whose keys
 it attends over, deeper in the tree, and past the knees the step's other work has reached). Decoding
 that verifies draft tokens with reaches r yields (decodes + Σ r) tokens in (plain + Σ cost) seconds,
-where plain is what the decodes' newest tokens alone cost: the step's prompt chunks are work the
+where plain is what a step of the decodes' newest tokens alone costs (its forward, and the planning,
+committing and streaming every step takes besides: ~10% of a step at batch 1, so a draft token's price is
+a smaller share of the step than of its forward alone): the step's prompt chunks are work the
 target does whatever it verifies, so they are not part of what drafts must beat. (Counted in, they
 made a step carrying a prompt look slow, and any draft look cheap beside it: at 32 clients on unseen
 text `auto` verified drafts that were 39% accepted and ran at 0.85x `none`.) The target adds the
@@ -39,7 +41,7 @@ DRAFT_MARGIN = 0.5
 class DraftChoice:
     lengths: list[int]  # draft tokens kept per candidate, in order
     expected_tokens: float  # tokens the step is expected to yield for its decodes
-    plain_seconds: float  # the predicted cost of the decodes' newest tokens alone
+    plain_seconds: float  # the predicted cost of a step of the decodes' newest tokens alone
     added_seconds: list[float]  # what each candidate's kept draft tokens add to the step
 
     @property
@@ -49,12 +51,13 @@ class DraftChoice:
 
 
 def choose_drafts(candidates: list[DraftTree], cached: list[int], cost: StepCostModel,
-                  step_tokens: int | None = None) -> DraftChoice:
+                  step_tokens: int | None = None, host_seconds: float = 0.0) -> DraftChoice:
     """Per candidate draft (one per decoding sequence; empty for none), how many of its first nodes to
     verify. `cached`: each candidate's sequence's cached tokens before the step (its newest token goes at
     that position, the draft after it). `step_tokens`: the new tokens the step carries besides the drafts
     (the decodes' newest tokens, windows, prompt chunks; by default the newest tokens alone), which place
-    the drafts' tokens past the cost model's knees or not."""
+    the drafts' tokens past the cost model's knees or not. `host_seconds`: what a step costs beside its
+    forward (planning, committing, streaming), which the plain step costs too."""
     plain = StepShape.of((start, 1) for start in cached)
     step_tokens = plain.tokens if step_tokens is None else step_tokens
     tokens = []  # (reach, position, candidate, node)
@@ -65,7 +68,7 @@ def choose_drafts(candidates: list[DraftTree], cached: list[int], cost: StepCost
     # its position alone); a fit gone to zero (a noisy start-up profile) prices everything at nothing:
     # floored, the arithmetic stays defined and a free draft token is kept.
     tokens.sort(key=lambda t: -t[0] / max(cost.token_seconds(t[1], step_tokens + len(tokens)), MIN_SECONDS))
-    plain_seconds = cost.predict(plain)
+    plain_seconds = cost.predict(plain) + host_seconds
     # Each token in turn adds its price at the step's size so far: the first few ride below the knee.
     prices = [cost.token_seconds(position, step_tokens + count) for count, (_, position, _, _) in enumerate(tokens)]
     expected, seconds = float(len(candidates)), max(plain_seconds, MIN_SECONDS)

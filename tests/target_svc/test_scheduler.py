@@ -93,6 +93,14 @@ async def test_a_sequence_states_where_it_is_and_what_the_cache_holds(scheduler)
     assert seq.status == SequenceStatus.FINISHED and seq.num_computed == len(seq.tokens) - 1
 
 
+async def test_what_a_step_takes_besides_its_forward_is_measured_and_exported(scheduler):
+    await run_to_end(scheduler, sequence("s", max_tokens=8))
+    host = metric(scheduler, "specd_step_host_seconds")
+    forward = metric(scheduler, "specd_forward_seconds_sum") / metric(scheduler, "specd_forward_seconds_count")
+    assert host == scheduler._host_seconds
+    assert 0 < host < 10 * forward  # planning and committing a step of one sequence: a fraction of a forward or so
+
+
 # -- chunked prefill, KV on demand, preemption, the waiting queue -------------------------------------
 
 class Oracle:

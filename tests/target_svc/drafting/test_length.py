@@ -85,6 +85,17 @@ def test_prompt_work_riding_in_the_step_does_not_make_drafts_look_cheap():
     assert alone == beside_a_prompt == [1] * 8
 
 
+def test_what_every_step_costs_besides_its_forward_makes_a_draft_token_worth_more():
+    """Planning, committing and streaming take a plain step too: a draft token's price is a smaller share of
+    the whole step than of its forward alone."""
+    pays_on_the_forward_alone = 0.0005 / 0.0205 * (1 + DRAFT_MARGIN)
+    draft = [DraftTree.chain([7], [pays_on_the_forward_alone * 0.8])]
+    assert choose_drafts(draft, [0], CHEAP).lengths == [0]
+    with_host = choose_drafts(draft, [0], CHEAP, host_seconds=0.010)
+    assert with_host.lengths == [1]
+    assert with_host.plain_seconds == pytest.approx(0.0205 + 0.010)
+
+
 def test_a_tree_keeps_its_first_nodes_up_to_the_last_that_pays():
     # root ─┬─ 0 (0.6) ── 2 (0.9) ── 4 (0.9)
     #       └─ 1 (0.3) ── 3 (0.05)        reaches: 0.6, 0.3, 0.54, 0.015, 0.486
