@@ -167,11 +167,15 @@ def build_tree_attention(parent_ids: torch.Tensor, cu_draft_lens: torch.Tensor,
 def write_kv(key_pool: torch.Tensor, value_pool: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              slots: torch.Tensor) -> None:
     """See `kernels.reference.kv.write_kv`; one C++ call per layer for the packed CPU caches."""
-    packed = key_pool.dim() == 5 and _attention_module(key_pool.device) is cpu
-    (cpu if packed else reference).write_kv(key_pool, value_pool, keys, values, slots)
+    (cpu if _packed_on_cpu(key_pool) else reference).write_kv(key_pool, value_pool, keys, values, slots)
 
 
 def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
     """See `kernels.reference.kv.compact_kv`; one C++ call for the packed CPU caches of every layer."""
-    packed = bool(pools) and pools[0].dim() != 3 and _attention_module(src_slots.device) is cpu
-    (cpu if packed else implementation(src_slots.device)).compact_kv(pools, src_slots, dst_slots)
+    on_cpu = bool(pools) and _packed_on_cpu(pools[0])
+    (cpu if on_cpu else implementation(src_slots.device)).compact_kv(pools, src_slots, dst_slots)
+
+
+def _packed_on_cpu(pool: torch.Tensor) -> bool:
+    """Whether `pool` is a packed K or V cache (kernels.layout) the C++ kernels serve."""
+    return pool.dim() != 3 and _attention_module(pool.device) is cpu

@@ -91,24 +91,20 @@ struct PackedLayout {
 template <typename scalar_t>
 void move_entries(scalar_t* pool, const PackedLayout& layout, const int64_t* src, const int64_t* dst,
                   int64_t moves) {
-  // Every source is read before any destination is written: a source may be another move's destination.
   const int64_t head_stride = layout.block_size * layout.head_dim;
+  auto element = [&](int64_t slot, int64_t head, int64_t dim) -> scalar_t& {
+    return pool[layout.entry(slot) + head * head_stride + layout.dim_offsets[dim]];
+  };
+  // Every source is read before any destination is written: a source may be another move's destination.
   std::vector<scalar_t> staged(moves * layout.kv_heads * layout.head_dim);
-  for (int pass = 0; pass < 2; ++pass) {
-    scalar_t* entry = staged.data();
-    for (int64_t m = 0; m < moves; ++m) {
-      for (int64_t h = 0; h < layout.kv_heads; ++h) {
-        scalar_t* head = pool + layout.entry(pass == 0 ? src[m] : dst[m]) + h * head_stride;
-        for (int64_t d = 0; d < layout.head_dim; ++d, ++entry) {
-          if (pass == 0) {
-            *entry = head[layout.dim_offsets[d]];
-          } else {
-            head[layout.dim_offsets[d]] = *entry;
-          }
-        }
-      }
-    }
-  }
+  scalar_t* next = staged.data();
+  for (int64_t m = 0; m < moves; ++m)
+    for (int64_t h = 0; h < layout.kv_heads; ++h)
+      for (int64_t d = 0; d < layout.head_dim; ++d) *next++ = element(src[m], h, d);
+  next = staged.data();
+  for (int64_t m = 0; m < moves; ++m)
+    for (int64_t h = 0; h < layout.kv_heads; ++h)
+      for (int64_t d = 0; d < layout.head_dim; ++d) element(dst[m], h, d) = *next++;
 }
 
 // kernels.reference.kv.compact_kv for packed pools: in each pool, entry src_slots[i] to dst_slots[i] ([M] each).
