@@ -22,11 +22,11 @@ log = logging.getLogger(__name__)
 
 # Updates of at most this many new tokens in all are answered on the event loop (when the worker is idle).
 INLINE_TOKENS = 512
-# A sequence's first update carries its whole prompt, and indexing it costs the suffix and trie
-# proposers ~40 us a token: a 1,500-token prompt alone outlasts the target's 50 ms deadline for the
-# step (measured: 18 of 263 asks at 64 clients missed it, each a step waiting 50 ms for nothing). So an
-# entry appending more tokens than this gets no draft in this answer and is indexed right after it,
-# while the target runs its forward; the sequence's next ask finds it indexed.
+# A sequence's first update carries its whole prompt, which a model drafter runs its model over (to fill
+# its KV cache): a 1,500-token prompt can outlast the target's 50 ms deadline for the step. So for those an
+# entry appending more tokens than this gets no draft in this answer and is taken in right after it,
+# while the target runs its forward; the sequence's next ask finds it ready. The text drafters take a
+# prompt in at under a microsecond a token (their indexes are built as they are searched) and answer at once.
 DEFERRED_TOKENS = 128
 
 # One sequence's share of a Propose: its update, its draft budget, and (from position 0) its options.
@@ -41,7 +41,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._sequences = sequences
         self._metrics = metrics
         self.rpc_metrics = metrics.rpc  # what @rpc_handler counts calls in
-        # A step of 64 sequences costs ~1.5 ms of CPU, but indexing 64 new 2000-token prompts ~170 ms,
+        # A step of 64 sequences costs ~1.5 ms of CPU, but a model's forward or a batch of new prompts more,
         # so large updates run off the event loop; one thread, so requests touch the state one at a time.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter")
         self._worker_jobs = 0  # submitted and not yet done
@@ -58,10 +58,12 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def _answer(self, request: drafter_pb2.ProposeRequest) -> drafter_pb2.ProposeResponse:
         requested = self._parse_updates(request)
-        now = [entry for entry in requested if len(entry[0].appended_token_ids) <= DEFERRED_TOKENS]
-        later = [entry for entry in requested if len(entry[0].appended_token_ids) > DEFERRED_TOKENS]
+        runs_model = getattr(self._proposer, "runs_model", False)
+        deferred = [runs_model and len(update.appended_token_ids) > DEFERRED_TOKENS for update, _, _ in requested]
+        now = [entry for entry, defer in zip(requested, deferred) if not defer]
+        later = [entry for entry, defer in zip(requested, deferred) if defer]
         appended = sum(len(update.appended_token_ids) for update, _, _ in now)
-        if self._worker_jobs == 0 and appended <= INLINE_TOKENS and not getattr(self._proposer, "runs_model", False):
+        if self._worker_jobs == 0 and appended <= INLINE_TOKENS and not runs_model:
             # A step's few new tokens: the hop to the worker (~0.15 ms) costs more than the work, and with
             # the worker idle the state is ours alone.
             drafts = self._propose(now)

@@ -18,7 +18,8 @@ import math
 from collections import deque
 
 from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.proposers.suffix_tree import TREE_DEPTH, LocalTree, Speculation, SuffixTree, speculate
+from drafter_svc.proposers.suffix_tree import TREE_DEPTH, Speculation, SuffixTree, speculate
+from drafter_svc.proposers.text_index import TextIndex
 from drafter_svc.sequences import SequenceState
 from specd.drafts import DraftTree
 from specd.options import Option, OptionSchema
@@ -73,11 +74,10 @@ class SuffixProposer:
             return DraftTree()
         local = seq.proposer_state
         if local is None or local.epoch != seq.epoch:
-            local = seq.proposer_state = LocalTree(seq.epoch)
+            local = seq.proposer_state = TextIndex(TREE_DEPTH, seq.epoch)
         local.sync(seq.tokens)
         longest = options["max_tree_depth"]
-        candidates = list(enumerate(local.frontier[:longest], start=1))
-        candidates += self.global_tree.matches(seq.tokens, longest)
+        candidates = local.matches(seq.tokens, longest) + self.global_tree.matches(seq.tokens, longest)
         best = Speculation(DraftTree(), 0.0)
         for match_len, node in candidates:
             budget = min(request.max_tokens,

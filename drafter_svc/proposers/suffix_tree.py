@@ -5,7 +5,7 @@ a node."""
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specd.drafts import ROOT, DraftTree
 
@@ -111,20 +111,6 @@ def _subtree_size(node: SuffixNode) -> int:
         size += 1
         stack.extend((stack.pop().children or {}).values())
     return size
-
-
-@dataclass
-class LocalTree:
-    """A sequence's own suffix tree, grown as its tokens arrive."""
-    epoch: int  # of the SequenceState tokens it holds
-    tree: SuffixTree = field(default_factory=SuffixTree)
-    frontier: list[SuffixNode] = field(default_factory=list)  # the nodes of the sequence's suffixes
-    num_tokens: int = 0
-
-    def sync(self, tokens: list[int]) -> None:
-        for token in tokens[self.num_tokens:]:
-            self.frontier = self.tree.extend(self.frontier, token)
-        self.num_tokens = len(tokens)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 
 from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.proposers.suffix_tree import LocalTree, SuffixNode, SuffixTree, speculate
+from drafter_svc.proposers.suffix_tree import SuffixNode, SuffixTree, speculate
+from drafter_svc.proposers.text_index import TextIndex, TextNode
 from drafter_svc.sequences import SequenceState
 from specd.drafts import DraftTree
 from specd.options import Option, OptionSchema
@@ -27,33 +28,41 @@ MAX_TRIE_NODES = 1_000_000  # the global trie's bound (~0.3 KB a node in Python)
 
 
 class MergedNode:
-    """One token string in several tries, counted in all of them (a node `speculate` can expand)."""
+    """One token string in several tries, counted in all of them."""
     __slots__ = ("nodes", "count", "_children")
 
-    def __init__(self, nodes: list[SuffixNode]):
+    def __init__(self, nodes: list[SuffixNode | TextNode]):
         self.nodes = nodes
         self.count = sum(node.count for node in nodes)
-        self._children: dict[int, MergedNode] | None = None
+        self._children: dict[int, Node] | None = None
 
     @property
-    def children(self) -> dict[int, MergedNode]:
+    def children(self) -> dict[int, Node]:
         """Merged once, when first asked (the lookup asks, then `speculate` again)."""
         if self._children is None:
-            merged: dict[int, list[SuffixNode]] = {}
+            merged: dict[int, list[SuffixNode | TextNode]] = {}
             for node in self.nodes:
                 for token, child in (node.children or {}).items():
                     merged.setdefault(token, []).append(child)
-            self._children = {token: MergedNode(nodes) for token, nodes in merged.items()}
+            self._children = {token: merged_node(nodes) for token, nodes in merged.items()}
         return self._children
 
 
+Node = SuffixNode | TextNode | MergedNode  # what `speculate` can expand
+
+
+def merged_node(nodes: list[SuffixNode | TextNode]) -> Node:
+    """The nodes of one token string as one: the node itself where only one trie holds it."""
+    return nodes[0] if len(nodes) == 1 else MergedNode(nodes)
+
+
 class TrieState:
-    """What the trie drafter keeps per sequence: its prompt's own trie, and where its output stands
-    in the global trie."""
+    """What the trie drafter keeps per sequence: its prompt, indexed as a trie of its own (`TextIndex`),
+    and where its output stands in the global trie."""
 
     def __init__(self, epoch: int, global_generation: int):
         self.epoch = epoch
-        self.prompt = LocalTree(epoch, SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH))
+        self.prompt = TextIndex(KEY_LENGTH + MAX_BRANCH_LENGTH)
         self.output_frontier: list[SuffixNode] = []
         self.generation = global_generation  # of the global trie the frontier points into
         self.num_tokens = 0
@@ -109,7 +118,8 @@ class TrieProposer:
         state = seq.proposer_state
         if state is None or state.epoch != seq.epoch:
             state = seq.proposer_state = TrieState(seq.epoch, self.global_trie.generation)
-        state.prompt.sync(seq.tokens[:seq.prompt_length])
+        if len(state.prompt.tokens) < seq.prompt_length:
+            state.prompt.sync(seq.tokens[:seq.prompt_length])
         if state.generation != self.global_trie.generation:  # pruned since: count on from here
             state.output_frontier, state.generation = [], self.global_trie.generation
         for token in seq.tokens[max(state.num_tokens, seq.prompt_length):]:
@@ -117,14 +127,13 @@ class TrieProposer:
         state.num_tokens = len(seq.tokens)
         return state
 
-    def _lookup(self, state: TrieState, tokens: list[int]) -> MergedNode | None:
+    def _lookup(self, state: TrieState, tokens: list[int]) -> Node | None:
         """The node of the last KEY_LENGTH tokens in the prompt's and the global trie together (of the
         last one where the two never occurred together), if anything ever followed it."""
         for length in range(min(KEY_LENGTH, len(tokens)), 0, -1):
-            found = [node for tree in (state.prompt.tree, self.global_trie)
+            found = [node for tree in (state.prompt, self.global_trie)
                      if (node := tree.node(tokens[-length:])) is not None]
-            merged = MergedNode(found)
-            if found and merged.children:
+            if found and (merged := merged_node(found)).children:
                 return merged
         return None
 

@@ -24,8 +24,9 @@ VOCAB_SIZE = 49152  # the target's, sent with every ask
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-async def started(metrics_address=None):
-    service = create_service(address="127.0.0.1:0", metrics_address=metrics_address)
+async def started(metrics_address=None, method="ngram", proposer_args=None):
+    service = create_service(method, address="127.0.0.1:0", metrics_address=metrics_address,
+                             proposer_args=proposer_args)
     await service.start()
     return service
 
@@ -79,13 +80,35 @@ async def test_keeps_drafting_from_incremental_updates(stub):
     assert list(draft.token_ids)[:2] == [14, 15]
 
 
-async def test_a_long_first_update_is_indexed_after_the_answer_and_drafted_from_at_the_next_ask(stub):
-    prompt = [20 + i % 50 for i in range(DEFERRED_TOKENS)] + LOOPING_PROMPT  # longer than is indexed in time
-    first = await propose(stub, update("long", 0, prompt), update("short", 0, LOOPING_PROMPT))
-    assert [list(d.token_ids) for d in first] == [[], [11, 12, 13, 14]]  # the short one is not held up
-    assert not first[0].resync_needed
-    (then,) = await propose(stub, update("long", len(prompt), [11]))
-    assert list(then.token_ids) == [12, 13, 14, 15]
+LONG_PROMPT = [20 + i % 50 for i in range(DEFERRED_TOKENS)] + LOOPING_PROMPT  # more than a model drafter takes in time
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "trie"])
+async def test_a_text_drafter_drafts_from_a_long_first_update_at_once(method):
+    service = await started(method=method)
+    try:
+        async with grpc.aio.insecure_channel(service.grpc_address) as channel:
+            defaults = dict(max_draft_tokens=4)  # each method on its own options
+            (draft,) = await propose(drafter_pb2_grpc.DrafterStub(channel), update("long", 0, LONG_PROMPT, defaults))
+        assert list(draft.token_ids)[:3] == [11, 12, 13]
+    finally:
+        await service.stop(grace=0)
+
+
+async def test_a_model_drafter_takes_a_long_first_update_in_after_its_answer_and_drafts_at_the_next_ask(
+        tiny_model_dir):
+    service = await started(method="draft_model", proposer_args={"model": str(tiny_model_dir), "kv_cache_tokens": 1024})
+    chains = dict(max_draft_tokens=4, options=options_to_pb({"min_token_prob": 0.0}))
+    try:
+        async with grpc.aio.insecure_channel(service.grpc_address) as channel:
+            stub = drafter_pb2_grpc.DrafterStub(channel)
+            first = await propose(stub, update("long", 0, LONG_PROMPT, chains), update("short", 0, LOOPING_PROMPT, chains))
+            assert [len(d.token_ids) for d in first] == [0, 4]  # the short one is not held up
+            assert not first[0].resync_needed
+            (then,) = await propose(stub, update("long", len(LONG_PROMPT), [11]))
+        assert len(then.token_ids) == 4
+    finally:
+        await service.stop(grace=0)
 
 
 async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(stub):
