@@ -5,9 +5,11 @@ import torch
 
 from drafter_svc.proposers.base import DraftRequest
 from drafter_svc.proposers.eagle import EagleProposer
+from drafter_svc.proposers.ngram import prior_acceptance
 from drafter_svc.sequences import FeaturesUpdate, SequenceRegistry, SequenceUpdate
 from engine.features import to_bytes
 from engine.runner import ModelRunner, SequenceInput
+from specd.drafts import DraftTree
 from tests.eagle3_reference import write_published_eagle3_head
 
 PROMPT = [11, 400, 9000, 23, 5, 77, 1024, 3, 42, 17]
@@ -42,7 +44,8 @@ def sync(registry, name, tokens, features, start=0, feature_start=None, max_toke
     update = SequenceUpdate(name, start, tokens[start:], features=features_update(features[:len(tokens) - 1],
                                                                                   feature_start))
     state = registry.apply(update)
-    state.options = EagleProposer.schema.resolve({"use_tree_spec": False, "min_token_prob": 0.0, **options})
+    state.options = EagleProposer.schema.resolve({"use_tree_spec": False, "min_token_prob": 0.0, "with_ngram": False,
+                                                  **options})
     return DraftRequest(state, max_tokens, state.options)
 
 
@@ -95,6 +98,27 @@ def test_the_chain_is_the_heads_greedy_chain_from_the_targets_features(proposer,
     [draft] = proposer.propose([sync(registry, "s", PROMPT, features)])
     assert list(draft.token_ids) == module_chain(tiny_head[1], PROMPT, features.to(torch.bfloat16), 3)
     assert draft.is_chain and all(0 < p <= 1 for p in draft.probs)
+
+
+LOOPING = PROMPT + PROMPT[:4]  # ends with PROMPT's first 4 tokens: the lookup continues with PROMPT[4:]
+
+
+def test_with_ngram_the_lookups_chain_joins_the_heads_draft_as_one_tree_within_the_budget(proposer, target):
+    registry = SequenceRegistry()
+    features = features_of(target, LOOPING)
+    head_only = proposer.propose([sync(registry, "a", LOOPING, features, max_tokens=6, use_tree_spec=True)])[0]
+    [merged] = proposer.propose([sync(registry, "b", LOOPING, features, max_tokens=6, use_tree_spec=True,
+                                      with_ngram=True)])
+    lookup = DraftTree.chain(PROMPT[4:10], [prior_acceptance(4)] * 6)  # 4 tokens matched
+    assert merged == DraftTree.merge([head_only, lookup], 6)[0]
+    assert merged.first_path()[:2] == PROMPT[4:6]  # a random head is far less sure than a 4-token match
+
+
+def test_with_ngram_and_no_earlier_occurrence_the_draft_is_the_heads_own(proposer, target):
+    registry = SequenceRegistry()
+    features = features_of(target, PROMPT)
+    head_only = proposer.propose([sync(registry, "a", PROMPT, features)])[0]
+    assert proposer.propose([sync(registry, "b", PROMPT, features, with_ngram=True)])[0] == head_only
 
 
 def test_a_head_as_eagles_authors_publish_it_drafts_its_greedy_chain_with_no_training(make_published_head,
