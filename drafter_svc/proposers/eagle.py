@@ -57,9 +57,8 @@ class EagleProposer(ModelProposer):
     def _with_ngram(self, request: DraftRequest, draft: DraftTree) -> DraftTree:
         """`draft` and the lookup's chain as one tree, each chain token estimated by its match's length."""
         sequence = request.sequence
-        index = self._ngram_indexes.get(sequence.sequence_id)
-        if index is None or index.epoch != sequence.epoch:
-            index = self._ngram_indexes[sequence.sequence_id] = NgramIndex(sequence.epoch)
+        index = self._ngram_indexes[sequence.sequence_id] = NgramIndex.of(
+            sequence, self._ngram_indexes.get(sequence.sequence_id))
         match = index.longest_match(sequence.tokens, *NGRAM_LOOKUP, request.max_tokens)
         if match is None or not match.continuation:
             return draft

@@ -35,6 +35,11 @@ class NgramIndex:
         self._latest_end: dict[tuple[int, ...], int] = {}
         self._indexed_until: dict[int, int] = {}  # n -> n-grams ending before this position are indexed
 
+    @classmethod
+    def of(cls, sequence: SequenceState, index: NgramIndex | None) -> NgramIndex:
+        """`index` where it still indexes `sequence`'s tokens (the same epoch), else a new one for them."""
+        return index if index is not None and index.epoch == sequence.epoch else cls(sequence.epoch)
+
     def longest_match(self, tokens: list[int], min_n: int, max_n: int, limit: int) -> NgramMatch | None:
         """The longest suffix n-gram (max_n down to min_n) seen earlier, at its most recent
         earlier occurrence, with up to `limit` tokens of continuation."""
@@ -95,9 +100,7 @@ class NgramProposer:
 
     def _propose_one(self, request: DraftRequest) -> DraftTree:
         seq, options = request.sequence, request.options
-        index = seq.proposer_state
-        if index is None or index.epoch != seq.epoch:
-            index = seq.proposer_state = NgramIndex(seq.epoch)
+        index = seq.proposer_state = NgramIndex.of(seq, seq.proposer_state)
         match = index.longest_match(seq.tokens, min(options["prompt_lookup_min"], LONGEST_NGRAM),
                                     min(options["prompt_lookup_max"], LONGEST_NGRAM), request.max_tokens)
         if match is None or not match.continuation:

@@ -1,5 +1,6 @@
 """The drafter as a real gRPC service on 127.0.0.1, driven through the generated stub."""
 import asyncio
+import contextlib
 import signal
 import sys
 import urllib.request
@@ -83,32 +84,34 @@ async def test_keeps_drafting_from_incremental_updates(stub):
 LONG_PROMPT = [20 + i % 50 for i in range(DEFERRED_TOKENS)] + LOOPING_PROMPT  # more than a model drafter takes in time
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "trie"])
-async def test_a_text_drafter_drafts_from_a_long_first_update_at_once(method):
-    service = await started(method=method)
+@contextlib.asynccontextmanager
+async def serving(method, proposer_args=None):
+    """A stub of a started `method` drafter service, stopped after."""
+    service = await started(method=method, proposer_args=proposer_args)
     try:
         async with grpc.aio.insecure_channel(service.grpc_address) as channel:
-            defaults = dict(max_draft_tokens=4)  # each method on its own options
-            (draft,) = await propose(drafter_pb2_grpc.DrafterStub(channel), update("long", 0, LONG_PROMPT, defaults))
-        assert list(draft.token_ids)[:3] == [11, 12, 13]
+            yield drafter_pb2_grpc.DrafterStub(channel)
     finally:
         await service.stop(grace=0)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "trie"])
+async def test_a_text_drafter_drafts_from_a_long_first_update_at_once(method):
+    async with serving(method) as stub:
+        defaults = dict(max_draft_tokens=4)  # each method on its own options
+        (draft,) = await propose(stub, update("long", 0, LONG_PROMPT, defaults))
+    assert list(draft.token_ids)[:3] == [11, 12, 13]
 
 
 async def test_a_model_drafter_takes_a_long_first_update_in_after_its_answer_and_drafts_at_the_next_ask(
         tiny_model_dir):
-    service = await started(method="draft_model", proposer_args={"model": str(tiny_model_dir), "kv_cache_tokens": 1024})
     chains = dict(max_draft_tokens=4, options=options_to_pb({"min_token_prob": 0.0}))
-    try:
-        async with grpc.aio.insecure_channel(service.grpc_address) as channel:
-            stub = drafter_pb2_grpc.DrafterStub(channel)
-            first = await propose(stub, update("long", 0, LONG_PROMPT, chains), update("short", 0, LOOPING_PROMPT, chains))
-            assert [len(d.token_ids) for d in first] == [0, 4]  # the short one is not held up
-            assert not first[0].resync_needed
-            (then,) = await propose(stub, update("long", len(LONG_PROMPT), [11]))
-        assert len(then.token_ids) == 4
-    finally:
-        await service.stop(grace=0)
+    async with serving("draft_model", {"model": str(tiny_model_dir), "kv_cache_tokens": 1024}) as stub:
+        first = await propose(stub, update("long", 0, LONG_PROMPT, chains), update("short", 0, LOOPING_PROMPT, chains))
+        assert [len(d.token_ids) for d in first] == [0, 4]  # the short one is not held up
+        assert not first[0].resync_needed
+        (then,) = await propose(stub, update("long", len(LONG_PROMPT), [11]))
+    assert len(then.token_ids) == 4
 
 
 async def test_the_propose_stream_answers_each_request_in_order_as_propose_does(stub):
