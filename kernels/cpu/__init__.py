@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import time
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +27,11 @@ CFLAGS = ["-O3", "-march=native", "-std=c++17", "-fopenmp"]
 # at::parallel_for is OpenMP in torch's CPU builds, inlined from its headers: without -fopenmp it runs
 # on one thread. Linked as libgomp.so.1, the runtime torch has already loaded is the one used.
 LDFLAGS = ["-fopenmp"]
+PRODUCTS_VARIABLE = "SPECD_LINEAR_PRODUCTS"  # "dot" or "widened" for every call (default: `linear_products`)
+# Widened products pay for widening the rows first: measured on a Xeon without AMX (2 threads, bf16 forward of
+# the default model at batch 1), 0.96x the dot products at 1 row, even at 8, 1.15x at 16, 1.3x at 64 and more.
+WIDENED_FROM_ROWS = 8
+CLEARLY_FASTER = 1.2  # of widened products over dot products at 16 rows, for taking them at all
 
 
 @functools.cache
@@ -72,8 +80,9 @@ def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots
 
 
 def takes_linear_weight(weight: torch.Tensor) -> bool:
-    """Whether `linear` (linear.cpp: bf16 AMX tile products or AVX512-BF16 dot products) can take `weight`
-    [N, K]: not where it has another dtype, N is not a multiple of 16 or K of 32, or the CPU has neither."""
+    """Whether `linear` (linear.cpp: bf16 products by AMX tiles, AVX512-BF16 dot products or widened fp32 FMAs)
+    can take `weight` [N, K]: not where it has another dtype, N is not a multiple of 16 or K of 32, or the CPU
+    has no AVX512-BF16."""
     return compiled() and torch.ops.specd.supports_linear(weight)
 
 
@@ -82,10 +91,77 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
     return _op("pack_linear_weight")(weight) if takes_linear_weight(weight) else None
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor, products: str | None = None) -> torch.Tensor:
     """x [M, K] @ weight^T -> [M, N], the weight as `pack_linear_weight` returned it; each output row
-    bit-identical whatever the row count (linear.cpp)."""
-    return _op("linear")(x, packed)
+    bit-identical whatever the row count (linear.cpp). `products`: how they are formed (one of
+    `torch.ops.specd.linear_products()`), by default as this process's `linear_products()` says for M rows."""
+    return _op("linear")(x, packed, products or linear_products().for_rows(x.shape[0]))
+
+
+@dataclass(frozen=True)
+class LinearProducts:
+    """How `linear` forms its products: `few` for calls of fewer than `many_from` rows, `many` from there."""
+    few: str
+    many: str
+    many_from: int
+
+    def for_rows(self, rows: int) -> str:
+        return self.many if rows >= self.many_from else self.few
+
+    def describe(self) -> str:
+        return self.few if self.few == self.many else f"{self.few}, {self.many} from {self.many_from} rows"
+
+
+@functools.cache
+def linear_products() -> LinearProducts:
+    """How this process's `linear` forms its products: AMX tiles where the process is granted them; else
+    AVX512-BF16 dot products, and widened fp32 FMAs instead from WIDENED_FROM_ROWS rows where those round bit
+    for bit as the dot products do (checked) and run CLEARLY_FASTER (measured, ~20 ms): a row's result is
+    then the same whichever forms it, so the choice can go by the row count. PRODUCTS_VARIABLE names one way
+    for every call instead, for comparing them."""
+    ways = list(_op("linear_products")())
+    named = os.environ.get(PRODUCTS_VARIABLE)
+    if named:
+        if named not in ways:
+            raise ValueError(f"{PRODUCTS_VARIABLE}={named!r}: this CPU can form {', '.join(ways)}")
+        chosen = LinearProducts(named, named, 0)
+    elif ways[:2] == ["dot", "widened"] and _widened_rounds_as_dot() and _widened_speedup() >= CLEARLY_FASTER:
+        chosen = LinearProducts("dot", "widened", WIDENED_FROM_ROWS)
+    else:
+        chosen = LinearProducts(ways[0], ways[0], 0)
+    log.info("bf16 matmul products: %s (this CPU forms %s)", chosen.describe(), ", ".join(ways))
+    return chosen
+
+
+def _widened_rounds_as_dot() -> bool:
+    """Whether widened products give every output bit for bit as dot products do, on random weights and rows
+    of several magnitudes."""
+    generator = torch.Generator().manual_seed(0)
+    packed = _op("pack_linear_weight")(torch.randn(64, 576, generator=generator).bfloat16())
+    for scale in (1.0, 1e-3, 1e3):
+        x = (torch.randn(9, 576, generator=generator) * scale).bfloat16()
+        if not torch.equal(_op("linear")(x, packed, "dot"), _op("linear")(x, packed, "widened")):
+            return False
+    return True
+
+
+def _widened_speedup(rows: int = 16, repeats: int = 5) -> float:
+    """How many times faster widened products run a `rows`-row call of an MLP-sized weight than dot products
+    do, best of `repeats` against best of `repeats` (a busy moment only slows a try down)."""
+    generator = torch.Generator().manual_seed(0)
+    packed = _op("pack_linear_weight")(torch.randn(1536, 576, generator=generator).bfloat16())
+    x = torch.randn(rows, 576, generator=generator).bfloat16()
+    best = {}
+    for way in ("dot", "widened"):
+        _op("linear")(x, packed, way)
+        tries = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(4):
+                _op("linear")(x, packed, way)
+            tries.append(time.perf_counter() - started)
+        best[way] = min(tries)
+    return best["dot"] / best["widened"]
 
 
 def _op(name: str):

@@ -1,6 +1,6 @@
-"""The bf16 matmul: x @ weight^T from a weight packed once (AMX tile products, or AVX512-BF16 dot products),
-each row's result independent of the row count. Runs where the CPU has AVX512-BF16; elsewhere packing
-declines and the engine keeps oneDNN."""
+"""The bf16 matmul: x @ weight^T from a weight packed once (AMX tile products, AVX512-BF16 dot products, or
+widened fp32 FMAs), each row's result independent of the row count. Runs where the CPU has AVX512-BF16;
+elsewhere packing declines and the engine keeps oneDNN."""
 import pytest
 import torch
 
@@ -15,6 +15,10 @@ packs = pytest.mark.skipif(cpu.pack_linear_weight(randn(16, 32)) is None,
                            reason="no AVX512-BF16 on this CPU (or no compiler)")
 
 
+def ways() -> list[str]:
+    return list(torch.ops.specd.linear_products()) if cpu.compiled() else []
+
+
 @packs
 @pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 33, 130, 300])
 @pytest.mark.parametrize("outputs,inputs", [(16, 32), (48, 576), (576, 1536)])
@@ -24,6 +28,52 @@ def test_packed_linear_computes_x_times_weight_transposed(rows, outputs, inputs)
     assert out.shape == (rows, outputs) and out.dtype == torch.bfloat16
     # fp32 sums of bf16 products, rounded once: within bf16's rounding of the exact result
     torch.testing.assert_close(out.float(), x.float() @ weight.float().t(), atol=1e-3, rtol=2 ** -7)
+
+
+@packs
+@pytest.mark.parametrize("products", ways())
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 37])
+def test_every_way_of_forming_the_products_computes_the_same_matmul(products, rows):
+    x, weight = randn(rows, 576, seed=rows), randn(80, 576, seed=1)
+    out = cpu.linear(x, cpu.pack_linear_weight(weight), products)
+    torch.testing.assert_close(out.float(), x.float() @ weight.float().t(), atol=1e-3, rtol=2 ** -7)
+
+
+@packs
+@pytest.mark.skipif(cpu.compiled() and cpu.linear_products().many != "widened",
+                    reason="this process forms every call's products one way")
+def test_widened_products_taken_for_many_rows_round_as_the_dot_products_for_few_do():
+    weight = randn(96, 576, seed=1)
+    packed = cpu.pack_linear_weight(weight)
+    x = randn(40, 576, seed=2)
+    x[0, :8] = torch.tensor([1e-39, -1e-39, 3e-40, 1e-38, 0.0, -0.0, 1e30, -1e-30]).bfloat16()  # denormals, extremes
+    assert torch.equal(cpu.linear(x, packed, "widened"), cpu.linear(x, packed, "dot"))
+    many = cpu.linear(x, packed)  # 40 rows: widened
+    for row in range(cpu.linear_products().many_from):  # alone: dot
+        assert torch.equal(cpu.linear(x[row:row + 1], packed), many[row:row + 1])
+
+
+@packs
+def test_a_way_the_cpu_cannot_form_is_an_error_naming_those_it_can():
+    expected = f'products "tiles" cannot be formed on this CPU; it can form: {", ".join(ways())}$'
+    with pytest.raises(RuntimeError, match=expected):
+        cpu.linear(randn(2, 32), cpu.pack_linear_weight(randn(16, 32)), "tiles")
+
+
+@packs
+def test_the_products_variable_names_one_way_for_every_call_and_rejects_others(monkeypatch):
+    try:
+        monkeypatch.setenv(cpu.PRODUCTS_VARIABLE, "dot")
+        cpu.linear_products.cache_clear()
+        assert cpu.linear_products().for_rows(1) == cpu.linear_products().for_rows(300) == "dot"
+        monkeypatch.setenv(cpu.PRODUCTS_VARIABLE, "tiles")
+        cpu.linear_products.cache_clear()
+        expected = f"SPECD_LINEAR_PRODUCTS='tiles': this CPU can form {', '.join(ways())}$"
+        with pytest.raises(ValueError, match=expected):
+            cpu.linear_products()
+    finally:
+        monkeypatch.undo()
+        cpu.linear_products.cache_clear()
 
 
 @packs
