@@ -11,12 +11,12 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
 
 
-packs = pytest.mark.skipif(cpu.pack_linear_weight(randn(16, 32)) is None,
-                           reason="no AVX512-BF16 on this CPU (or no compiler)")
+PACKS = cpu.pack_linear_weight(randn(16, 32)) is not None
+packs = pytest.mark.skipif(not PACKS, reason="no AVX512-BF16 on this CPU (or no compiler)")
 
 
 def ways() -> list[str]:
-    return list(torch.ops.specd.linear_products()) if cpu.compiled() else []
+    return list(torch.ops.specd.linear_products()) if PACKS else []
 
 
 @packs
@@ -40,7 +40,7 @@ def test_every_way_of_forming_the_products_computes_the_same_matmul(products, ro
 
 
 @packs
-@pytest.mark.skipif(cpu.compiled() and cpu.linear_products().many != "widened",
+@pytest.mark.skipif(not PACKS or cpu.linear_products().many != "widened",
                     reason="this process forms every call's products one way")
 def test_widened_products_taken_for_many_rows_round_as_the_dot_products_for_few_do():
     weight = randn(96, 576, seed=1)
