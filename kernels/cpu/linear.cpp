@@ -311,18 +311,27 @@ void vector_linear(const X* src, int64_t x_stride, int64_t rows, const at::Tenso
 }
 #endif
 
-// The ways `linear` can form its products on this CPU: "amx" (granted tiles), "dot", "widened".
-std::vector<std::string> linear_products() {
-  std::vector<std::string> ways;
+// Whether `linear` can form its products the way `products` names on this CPU: "amx" (granted tiles),
+// "dot", "widened".
+bool can_form(const std::string& products) {
 #ifdef SPECD_AMX
-  if (amx_granted()) ways.push_back("amx");
+  if (products == "amx") return amx_granted();
 #endif
 #ifdef __AVX512BF16__
-  ways.push_back("dot");
+  if (products == "dot") return true;
 #endif
 #ifdef __AVX512F__
-  ways.push_back("widened");
+  if (products == "widened") return true;
 #endif
+  return false;
+}
+
+// The ways `linear` can form its products on this CPU.
+std::vector<std::string> linear_products() {
+  std::vector<std::string> ways;
+  for (const char* way : {"amx", "dot", "widened"}) {
+    if (can_form(way)) ways.push_back(way);
+  }
   return ways;
 }
 
@@ -336,9 +345,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
               "the weight must be packed by pack_linear_weight");
   TORCH_CHECK(packed.size(1) * kBlockInputs == x.size(1), "x has ", x.size(1), " inputs, the weight ",
               packed.size(1) * kBlockInputs);
-  const std::vector<std::string> ways = linear_products();
-  TORCH_CHECK(std::find(ways.begin(), ways.end(), products) != ways.end(), "products \"", products,
-              "\" cannot be formed on this CPU; it can form: ", c10::Join(", ", ways));
+  TORCH_CHECK(can_form(products), "products \"", products, "\" cannot be formed on this CPU; it can form: ",
+              c10::Join(", ", linear_products()));
   at::Tensor out = at::empty({x.size(0), packed.size(0) * kBlockOutputs}, x.options());
   if (x.size(0) == 0) return out;
 #ifdef SPECD_AMX
