@@ -1,5 +1,9 @@
-"""interpreted/ holds tests that need TRITON_INTERPRET=1 from process start; only the
-subprocess that test_triton_interpreter.py starts sets it, and only it collects them."""
+"""triton_kernels/ holds the Triton kernels' tests. They run where Triton runs its kernels: under its
+interpreter on CPU (TRITON_INTERPRET=1 from process start; only the subprocess that
+test_triton_interpreter.py starts sets it) or compiled on a CUDA GPU. Elsewhere they are not collected."""
 import os
 
-collect_ignore = [] if os.environ.get("TRITON_INTERPRET") == "1" else ["interpreted"]
+import torch
+
+_RUNS_TRITON = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+collect_ignore = [] if _RUNS_TRITON else ["triton_kernels"]

@@ -1,7 +1,8 @@
-"""Every Triton kernel gives its reference's outputs, run by Triton's interpreter on CPU.
+"""Every Triton kernel gives its reference's outputs: run by Triton's interpreter on CPU, or compiled on
+a CUDA GPU where there is one (the interpreter misses what only the compiled kernels do wrong).
 
-Run in a subprocess by tests/kernels/test_triton_interpreter.py: TRITON_INTERPRET
-must be set before anything imports triton, and tests/conftest.py imports
+Under the interpreter they run in a subprocess started by tests/kernels/test_triton_interpreter.py:
+TRITON_INTERPRET must be set before anything imports triton, and tests/conftest.py imports
 transformers, which imports triton.
 """
 import os
@@ -11,9 +12,11 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("needs TRITON_INTERPRET=1 from the start; run by test_triton_interpreter.py",
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU, or TRITON_INTERPRET=1 from the start (test_triton_interpreter.py sets it)",
                 allow_module_level=True)
+DEVICE = "cpu" if INTERPRETED else "cuda"
 
 from kernels import reference, triton_impl  # noqa: E402
 from kernels.testing import random_attention_batch, random_batch, random_kv_moves  # noqa: E402
@@ -40,14 +43,14 @@ def draft_lens(request):
 
 
 def test_greedy_accept(draft_lens):
-    b = random_batch(draft_lens, VOCAB)
+    b = random_batch(draft_lens, VOCAB, device=DEVICE)
     args = (b.draft_token_ids, b.cu_draft_lens, b.target_argmax)
     _assert_same(triton_impl.greedy_accept(*args), reference.greedy_accept(*args))
 
 
 @pytest.mark.parametrize("with_draft_probs", [False, True], ids=["q=1", "draft probs"])
 def test_rejection_sample(draft_lens, with_draft_probs):
-    b = random_batch(draft_lens, VOCAB)
+    b = random_batch(draft_lens, VOCAB, device=DEVICE)
     args = (b.draft_token_ids, b.cu_draft_lens, b.target_probs, b.draft_probs if with_draft_probs else None,
             b.uniform_accept, b.uniform_final)
     _assert_same(triton_impl.rejection_sample(*args), reference.rejection_sample(*args))
@@ -55,44 +58,44 @@ def test_rejection_sample(draft_lens, with_draft_probs):
 
 @pytest.mark.parametrize("with_draft_probs", [False, True], ids=["q=1", "draft probs"])
 def test_sample_recovered_at_any_accepted_count(with_draft_probs):
-    b = random_batch(SHAPES["k=16 among empty and short drafts"], VOCAB)
+    b = random_batch(SHAPES["k=16 among empty and short drafts"], VOCAB, device=DEVICE)
     args = (b.draft_token_ids, b.cu_draft_lens, b.target_probs, b.draft_probs if with_draft_probs else None,
             b.num_accepted, b.uniform_final)
     _assert_same([triton_impl.sample_recovered(*args)], [reference.sample_recovered(*args)])
 
 
 def test_sample_recovered_over_a_vocabulary_of_several_blocks():
-    b = random_batch([3, 0, 5], 2500)
+    b = random_batch([3, 0, 5], 2500, device=DEVICE)
     args = (b.draft_token_ids, b.cu_draft_lens, b.target_probs, b.draft_probs, b.num_accepted, b.uniform_final)
     _assert_same([triton_impl.sample_recovered(*args)], [reference.sample_recovered(*args)])
 
 
 def test_tree_greedy_accept(draft_lens):
-    b = random_batch(draft_lens, 8, tree=True)
+    b = random_batch(draft_lens, 8, tree=True, device=DEVICE)
     args = (b.draft_token_ids, b.parent_ids, b.cu_draft_lens, b.target_argmax)
     _assert_same(triton_impl.tree_greedy_accept(*args), reference.tree_greedy_accept(*args))
 
 
 def test_tree_rejection_sample(draft_lens):
-    b = random_batch(draft_lens, VOCAB, tree=True)
+    b = random_batch(draft_lens, VOCAB, tree=True, device=DEVICE)
     args = (b.draft_token_ids, b.parent_ids, b.cu_draft_lens, b.target_probs, b.uniform_accept, b.uniform_final)
     _assert_same(triton_impl.tree_rejection_sample(*args), reference.tree_rejection_sample(*args))
 
 
 def test_tree_rejection_sample_over_a_vocabulary_of_several_blocks():
-    b = random_batch([9, 0, 5, 16], 2500, tree=True, match_rate=0.9)
+    b = random_batch([9, 0, 5, 16], 2500, tree=True, match_rate=0.9, device=DEVICE)
     args = (b.draft_token_ids, b.parent_ids, b.cu_draft_lens, b.target_probs, b.uniform_accept, b.uniform_final)
     _assert_same(triton_impl.tree_rejection_sample(*args), reference.tree_rejection_sample(*args))
 
 
 def test_build_tree_attention(draft_lens):
-    b = random_batch(draft_lens, 8, tree=True)
+    b = random_batch(draft_lens, 8, tree=True, device=DEVICE)
     args = (b.parent_ids, b.cu_draft_lens, b.start_positions)
     _assert_same(triton_impl.build_tree_attention(*args), reference.build_tree_attention(*args))
 
 
 def test_compact_kv(draft_lens):
-    pools, src, dst = random_kv_moves(draft_lens, num_pools=4, kv_heads=2, head_dim=24)
+    pools, src, dst = random_kv_moves(draft_lens, num_pools=4, kv_heads=2, head_dim=24, device=DEVICE)
     expected = [pool.clone() for pool in pools]
     reference.compact_kv(expected, src, dst)
     triton_impl.compact_kv(pools, src, dst)
@@ -103,7 +106,7 @@ def test_compact_kv(draft_lens):
 @pytest.mark.parametrize("trees", [frozenset(), frozenset({1, 2})], ids=["chains", "trees"])
 def test_paged_attention(trees, dtype):
     batch = random_attention_batch([1, 5, 3, 2], [70, 0, 9, 130], trees=trees, heads=4, kv_heads=2, head_dim=16,
-                                   dtype=dtype, packed=False)  # the Triton kernel reads [slots, KV, Dh]
+                                   dtype=dtype, device=DEVICE, packed=False)  # the Triton kernel reads [slots, KV, Dh]
     expected = reference.paged_attention(*batch.args())
     actual = triton_impl.paged_attention(*batch.args())
     assert actual.dtype == dtype
