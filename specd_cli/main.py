@@ -11,6 +11,7 @@ import grpc
 
 from drafter_svc.proposers.registry import PROPOSERS
 from drafter_svc.proposers.suffix import MAX_CACHED_REQUESTS
+from drafter_svc import warm_corpus
 from drafter_svc.proposers.trie import MAX_TRIE_NODES
 from specd import defaults
 from specd.client import SpecdClient, build_request
@@ -23,6 +24,8 @@ from specd_cli.bench import cli as bench_cli
 from specd_cli.train import cli as train_cli
 from specd_cli.stack import DEFAULT_DRAFTERS, IN_TARGET_METHODS
 from target_svc.drafting.registry import IN_TARGET_SOURCES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESSES = {  # `specd serve ROLE`: (gRPC address, /metrics address)
     "gateway": (defaults.GATEWAY_ADDRESS, defaults.GATEWAY_METRICS_ADDRESS),
@@ -190,9 +193,9 @@ def _draft_model_args(args: argparse.Namespace) -> list[str]:
 def _proposer_args(args: argparse.Namespace) -> dict:
     """The served method's own settings from the drafter's flags."""
     if args.method == "suffix":
-        return {"max_cached_requests": args.max_cached_requests}
+        return {"max_cached_requests": args.max_cached_requests, "warm_outputs": _warm_outputs(args)}
     if args.method == "trie":
-        return {"max_nodes": args.max_trie_nodes}
+        return {"max_nodes": args.max_trie_nodes, "warm_outputs": _warm_outputs(args)}
     engine = {"device": args.device, "dtype": args.dtype, "kv_cache_tokens": args.kv_cache_tokens,
               "num_threads": args.threads}
     if args.method == "draft_model":
@@ -200,6 +203,20 @@ def _proposer_args(args: argparse.Namespace) -> dict:
     if args.method == "eagle":
         return {"head": args.eagle_head, "model": args.model, **engine}
     return {}
+
+
+def _warm_outputs(args: argparse.Namespace) -> list[list[int]]:
+    """The outputs a learning drafter starts from (--warm-corpus; by default the corpus shipped for --model)."""
+    try:
+        path = warm_corpus.resolve(args.warm_corpus, args.model)
+    except FileNotFoundError as err:
+        raise SystemExit(f"specd serve drafter: --warm-corpus: {err}") from err
+    if path is None:
+        return []
+    outputs = warm_corpus.load(path)
+    log.info("warm corpus %s (made with %s): %d outputs, %d tokens", path, warm_corpus.model_of(path), len(outputs),
+             sum(map(len, outputs)))
+    return outputs
 
 
 def _scheduler_args(args: argparse.Namespace) -> list[str]:
@@ -228,6 +245,9 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), type=_drafter_methods,
                     help=f"the drafters to serve, comma-separated: a service each, lookahead inside the target "
                          f"(default {','.join(DEFAULT_DRAFTERS)})")
+    up.add_argument("--warm-corpus", default=None, metavar="FILE|none",
+                    help="the outputs the suffix and trie drafters' global caches start from, a file of `specd "
+                         "train corpus`, or none (default: the corpus shipped for --model, if any)")
     _add_engine_flags(up)
     _add_scheduler_flags(up)
     _add_draft_model_flags(up)
@@ -283,8 +303,11 @@ def _build_parser() -> argparse.ArgumentParser:
                          help="trie: nodes the global trie keeps; past them its rarely used branches go "
                               f"(default {MAX_TRIE_NODES})")
     drafter.add_argument("--model", default=DEFAULT_MODEL,
-                         help="model drafters: the target's model, name, .gguf file or directory "
-                              f"(default {DEFAULT_MODEL})")
+                         help="the target's model, name, .gguf file or directory: model drafters load it, suffix "
+                              f"and trie start from the corpus shipped for it (default {DEFAULT_MODEL})")
+    drafter.add_argument("--warm-corpus", default=None, metavar="FILE|none",
+                         help="suffix, trie: the outputs their global caches start from, a file of `specd train "
+                              "corpus`, or none to start empty (default: the corpus shipped for --model, if any)")
     _add_draft_model_flags(drafter)
     _add_engine_flags(drafter)
     drafter.add_argument("--kv-cache-tokens", type=int, default=65536,
@@ -405,7 +428,8 @@ def _up(args: argparse.Namespace) -> int:
     from specd_cli.stack import run_stack
     _engine_of(args)  # a bad value is refused here, not by the target after the others started
     return run_stack(args.model, args.threads, ["--device", args.device, "--dtype", args.dtype, *_scheduler_args(args)],
-                     args.drafters, _draft_model_args(args), http=args.http_listen is not None)
+                     args.drafters, _draft_model_args(args), http=args.http_listen is not None,
+                     warm_corpus=args.warm_corpus)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,8 @@ DRAFTER_METHODS = ("ngram", "suffix", "trie")
 # The drafters that run a model, started on request (`specd up --drafters ngram,eagle`).
 MODEL_DRAFTER_METHODS = ("draft_model", "eagle")
 ALL_DRAFTER_METHODS = (*DRAFTER_METHODS, *MODEL_DRAFTER_METHODS)
+# The drafters whose global caches start from a warm corpus (drafter_svc.warm_corpus).
+WARM_CORPUS_METHODS = ("suffix", "trie")
 # Drafting that runs inside the target (no service of its own): lookahead's window rides in its forward.
 IN_TARGET_METHODS = tuple(IN_TARGET_SOURCES)
 # What `specd up` serves unless told which: the CPU drafters and lookahead.
@@ -118,7 +120,7 @@ class Stack:
             own = self.drafter_args.get(method, [])
             if method in MODEL_DRAFTER_METHODS:
                 return [*base, "--method", method, "--model", self.model, *threads, *self.model_drafter_args, *own]
-            return [*base, "--method", method, *own]
+            return [*base, "--method", method, "--model", self.model, *own]
         if service == "target":
             drafters = [arg for m in self.drafters for arg in
                         ("--drafter", m if m in IN_TARGET_METHODS else f"{m}={self.address(drafter_service(m))}")]
@@ -205,11 +207,17 @@ def wait_serving(name: str, address: str, process: subprocess.Popen, deadline: f
             time.sleep(0.2)
 
 
+def warm_corpus_args(warm_corpus: str | None) -> dict[str, list[str]]:
+    """The drafters' own flags (Stack.drafter_args) that start the learning ones from `warm_corpus` (a file or
+    "none"; None: the corpus shipped for the model)."""
+    return {method: ["--warm-corpus", warm_corpus] for method in WARM_CORPUS_METHODS} if warm_corpus else {}
+
+
 def run_stack(model: str = DEFAULT_MODEL, threads: int | None = None, target_args: list[str] | None = None,
               drafters: tuple[str, ...] = DEFAULT_DRAFTERS, model_drafter_args: list[str] | None = None,
-              http: bool = True) -> int:
+              http: bool = True, warm_corpus: str | None = None) -> int:
     stack = Stack(model=model, threads=threads, extra_target_args=target_args or [], drafters=drafters,
-                  model_drafter_args=model_drafter_args or [])
+                  model_drafter_args=model_drafter_args or [], drafter_args=warm_corpus_args(warm_corpus))
     if not http:
         stack.ports.http = None
     try:

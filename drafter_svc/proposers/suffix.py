@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from collections.abc import Iterable
 
 from drafter_svc.proposers.base import DraftRequest
 from drafter_svc.proposers.suffix_tree import TREE_DEPTH, Speculation, SuffixTree, speculate
@@ -43,20 +44,27 @@ class SuffixProposer:
         Option("use_tree_spec", "bool", True, help="draft a tree of the likeliest continuations (else a chain)"),
     ), learns_outputs=True)
 
-    def __init__(self, max_cached_requests: int = MAX_CACHED_REQUESTS, max_global_nodes: int = MAX_GLOBAL_NODES):
+    def __init__(self, max_cached_requests: int = MAX_CACHED_REQUESTS, max_global_nodes: int = MAX_GLOBAL_NODES,
+                 warm_outputs: Iterable[list[int]] = ()):
+        """`warm_outputs`: outputs the global tree starts with, oldest first (drafter_svc.warm_corpus)."""
         self.max_cached_requests = max_cached_requests
         if max_cached_requests == 0:  # no global tree: whole outputs teach it nothing
             self.schema = dataclasses.replace(SuffixProposer.schema, learns_outputs=False)
         self.max_global_nodes = max_global_nodes
         self.global_tree = SuffixTree()
         self._cached: deque[list[int]] = deque()  # the outputs in the global tree, oldest first
+        for output in warm_outputs:
+            self._remember(output)
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         return [self._propose_one(request) for request in batch]
 
     def release(self, sequence: SequenceState) -> None:
-        """A finished request's output joins the global tree; the oldest go past the bounds."""
-        output = sequence.tokens[sequence.prompt_length:]
+        """A finished request's output joins the global tree."""
+        self._remember(sequence.tokens[sequence.prompt_length:])
+
+    def _remember(self, output: list[int]) -> None:
+        """`output` joins the global tree; the oldest go past the bounds."""
         if self.max_cached_requests == 0 or not output:
             return
         self.global_tree.add(output)

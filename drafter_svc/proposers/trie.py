@@ -14,6 +14,7 @@ model has the last word on what is verified. Past `max_nodes`, the rarely used b
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from drafter_svc.proposers.base import DraftRequest
 from drafter_svc.proposers.suffix_tree import SuffixNode, SuffixTree, speculate
@@ -80,9 +81,14 @@ class TrieProposer:
         Option("use_tree_spec", "bool", True, help="draft a tree of the most frequent continuations (else a chain)"),
     ), learns_outputs=True)
 
-    def __init__(self, max_nodes: int = MAX_TRIE_NODES):
+    def __init__(self, max_nodes: int = MAX_TRIE_NODES, warm_outputs: Iterable[list[int]] = ()):
+        """`warm_outputs`: outputs the global trie starts with (drafter_svc.warm_corpus)."""
         self.max_nodes = max_nodes
         self.global_trie = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
+        for output in warm_outputs:
+            self.global_trie.add(output)
+            if self.global_trie.num_nodes > self.max_nodes:
+                self._trim()
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         drafts = [self._propose_one(request) for request in batch]

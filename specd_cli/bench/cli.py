@@ -63,6 +63,9 @@ def _add_common_flags(parser: argparse.ArgumentParser, max_tokens: int, warmup: 
     where.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                        help="dtype of the started target and of the transformers baselines (default float32); "
                             "with --gateway, pass the running target's")
+    where.add_argument("--warm-corpus", default=None, metavar="FILE|none",
+                       help="what the started stack's suffix and trie drafters start from: a file of `specd train "
+                            "corpus`, or none (default: the corpus shipped for --model, if any)")
     where.add_argument("--draft-layers", type=int, default=None, metavar="N",
                        help="draft_model in the started stack: the target's first N layers (LayerSkip's early exit; "
                             "default: the whole target)")
@@ -169,11 +172,18 @@ async def _spec(args: argparse.Namespace) -> int:
     return _verdict(records, settings.methods, run_dir)
 
 
-def _stacks_shown(own_stacks: tuple[str, ...]) -> dict[str, str]:
-    """The report's line on which methods ran on a stack of their own."""
-    if not own_stacks:
+def _stacks_shown(args: argparse.Namespace, own_stacks: tuple[str, ...]) -> dict[str, str]:
+    """The report's lines on the started stacks: what the learning drafters started from, and which methods
+    ran on a stack of their own."""
+    from drafter_svc import warm_corpus
+
+    if args.gateway:
         return {}
-    return {"stacks": f"{', '.join(own_stacks)} each on a stack of its own (their drafters learn across requests)"}
+    corpus = warm_corpus.resolve(args.warm_corpus, args.model)
+    shown = {"warm corpus": f"{corpus.name if corpus else 'none'} (what suffix and trie start from)"}
+    if own_stacks:
+        shown["stacks"] = f"{', '.join(own_stacks)} each on a stack of its own (their drafters learn across requests)"
+    return shown
 
 
 async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
@@ -183,7 +193,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods, args.draft_layers, args.protocol) as stack:
+                    args.methods, args.draft_layers, args.protocol, args.warm_corpus) as stack:
         settings = SpecSettings(stack.methods, args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout, args.passes,
                                 tuple(stack.own_gateways))
@@ -212,7 +222,7 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
     shown = {"model": args.model, "max_tokens": args.max_tokens,
              "prompts": f"{len(prompts)} from {args.prompts.name}{chosen}",
              "warm-up": f"{args.warmup} untimed request(s) per system and temperature, excluded",
-             **_stacks_shown(settings.own_stacks)}
+             **_stacks_shown(args, settings.own_stacks)}
     text = report.spec_report(summaries, references, report.header_line("spec", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "spec", "created": created, "machine": machine, "git": git,
@@ -276,7 +286,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods, args.draft_layers, args.protocol) as stack:
+                    args.methods, args.draft_layers, args.protocol, args.warm_corpus) as stack:
         settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout, tuple(stack.own_gateways), args.rounds)
@@ -301,7 +311,7 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
              "requests": f"{args.num_prompts} per method and concurrency from {source.name}",
              "warm-up": f"{args.warmup} untimed request(s) per method, excluded",
              "rounds": f"up to {args.rounds} per level, methods in turn",
-             **_stacks_shown(settings.own_stacks)}
+             **_stacks_shown(args, settings.own_stacks)}
     text = report.serve_report(summaries, report.header_line("serve", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "serve", "created": created, "machine": machine, "git": git,

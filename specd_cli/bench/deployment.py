@@ -12,7 +12,7 @@ import grpc
 
 from specd.v1 import target_pb2, target_pb2_grpc
 from specd_cli.bench.errors import BenchError
-from specd_cli.stack import DEFAULT_DRAFTERS, MODEL_DRAFTER_METHODS, Stack, StackPorts
+from specd_cli.stack import DEFAULT_DRAFTERS, MODEL_DRAFTER_METHODS, Stack, StackPorts, warm_corpus_args
 
 
 # Methods whose drafts depend on earlier requests (suffix decoding's and the trie's trees over past
@@ -44,11 +44,12 @@ class _LoggedStack(Stack):
 @contextmanager
 def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path,
                methods: list[str] | None = None, draft_layers: int | None = None,
-               protocol: str = "grpc") -> Iterator[Deployment]:
+               protocol: str = "grpc", warm_corpus: str | None = None) -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter
     and lookahead, and the model drafters among `methods` (in the target's dtype; draft_model on the target's
     first `draft_layers` layers when given); and the same again for each of LEARNING_METHODS compared, which
-    gets a stack of its own. `protocol`: which of the gateway's APIs the bench speaks."""
+    gets a stack of its own. `protocol`: which of the gateway's APIs the bench speaks; `warm_corpus`: what the
+    learning drafters start from (stack.warm_corpus_args)."""
     if gateway:
         yield Deployment(gateway, target, resolve_methods(methods, target))
         return
@@ -62,7 +63,7 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
                              extra_target_args=["--dtype", dtype], drafters=(*DEFAULT_DRAFTERS, *model_drafters),
                              model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
                                                                      if draft_layers else [])],
-                             log_dir=log_dir / name)
+                             drafter_args=warm_corpus_args(warm_corpus), log_dir=log_dir / name)
         stack.log_dir.mkdir(parents=True, exist_ok=True)
         stacks.append(stack)
         try:

