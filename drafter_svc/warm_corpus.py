@@ -34,6 +34,7 @@ def load(path: Path) -> list[list[int]]:
 
 
 def model_of(path: Path) -> str:
+    """The model whose answers the corpus holds, as `specd train corpus` was given it."""
     with np.load(path) as corpus:
         return str(corpus["model"])
 
