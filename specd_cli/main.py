@@ -9,9 +9,9 @@ import sys
 
 import grpc
 
+from drafter_svc import warm_corpus
 from drafter_svc.proposers.registry import PROPOSERS
 from drafter_svc.proposers.suffix import MAX_CACHED_REQUESTS
-from drafter_svc import warm_corpus
 from drafter_svc.proposers.trie import MAX_TRIE_NODES
 from specd import defaults
 from specd.client import SpecdClient, build_request
