@@ -3,9 +3,13 @@
 Same signature and results as `kernels.reference.attention.paged_attention`.
 A program holds the query heads that share one KV head, walks the sequence's
 keys through its block table BLOCK_N positions at a time with an online
-softmax, and applies the chain or tree visibility rule per key. Each query row
-is computed by one program in a fixed order, so a row's result does not depend
-on the rest of the batch. Meant for decoding and verification (a handful of
+softmax. Each query row is computed by one program in a fixed order, so a row's
+result does not depend on the rest of the batch; and a tree node's is the one it
+would get decoded alone after its ancestors: the program lays the ancestors out
+where a decode would find them (the one at depth j at position start + j), not
+where the tree put them, since a lane's place in a reduction decides how it rounds
+(with keys at their tree positions, 2 of 26 greedy Spec-Bench outputs of `suffix`
+on an H200 differed from `none`'s). Meant for decoding and verification (a handful of
 queries per sequence); prompts prefilled from their first token go through
 SDPA in the engine.
 """
@@ -57,7 +61,15 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, query_star
     local = row - first  # the query's index among its sequence's new tokens
     start = tl.load(context_start_ptr + seq)
     tree_offset = tl.load(tree_offsets_ptr + seq)
-    limit = tl.where(tree_offset >= 0, start + num_new, start + local + 1)  # past every position the query sees
+    is_tree = tree_offset >= 0
+    ancestors_row = tree_mask_ptr + tree_offset + local * num_new  # the query's ancestor-or-self mask
+    depth = local  # in a chain, a query's index is its depth
+    if HAS_TREE:
+        if is_tree:
+            depth = depth * 0 - 1
+            for node in range(0, num_new):
+                depth += (tl.load(ancestors_row + node) != 0).to(depth.dtype)
+    limit = start + depth + 1  # past every position the query sees, as a decode at its depth would
 
     g = tl.arange(0, GROUP)
     d = tl.arange(0, BLOCK_D)
@@ -73,20 +85,23 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, query_star
     for chunk in range(0, limit, BLOCK_N):
         pos = chunk + tl.arange(0, BLOCK_N)
         in_range = pos < limit
-        block = tl.load(tables_ptr + seq * table_width + pos // block_size, mask=in_range, other=0)
-        entry = ((block * block_size + pos % block_size) * num_kv_heads + kv_head) * head_dim  # [BLOCK_N]
+        cached_at = pos  # where the key at each position is in the cache
+        if HAS_TREE:
+            if is_tree and chunk + BLOCK_N > start:  # the ancestor of depth j at position start + j
+                node_at = pos - start
+                ancestors_seen = 0
+                for node in range(0, num_new):
+                    is_ancestor = tl.load(ancestors_row + node) != 0
+                    node_at = tl.where(is_ancestor & (pos - start == ancestors_seen), node, node_at)
+                    ancestors_seen += is_ancestor.to(tl.int32)
+                cached_at = tl.where(pos >= start, start + node_at, pos).to(cached_at.dtype)
+        block = tl.load(tables_ptr + seq * table_width + cached_at // block_size, mask=in_range, other=0)
+        entry = ((block * block_size + cached_at % block_size) * num_kv_heads + kv_head) * head_dim  # [BLOCK_N]
         kv_mask = in_range[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + entry[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptr + entry[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        visible = in_range
-        if HAS_TREE:
-            if tree_offset >= 0:  # a tree query sees the cached prefix and its ancestors among the new tokens
-                is_new = (pos >= start) & in_range
-                ancestor = tl.load(tree_mask_ptr + tree_offset + local * num_new + (pos - start), mask=is_new,
-                                   other=0)
-                visible = in_range & ((pos < start) | (ancestor != 0))
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP, BLOCK_N]
-        scores = tl.where(visible[None, :], scores, float("-inf"))
+        scores = tl.where(in_range[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # nothing visible yet: weights stay 0
         rescale = tl.exp(running_max - safe_max)

@@ -5,6 +5,7 @@ Under the interpreter they run in a subprocess started by tests/kernels/test_tri
 TRITON_INTERPRET must be set before anything imports triton, and tests/conftest.py imports
 transformers, which imports triton.
 """
+import dataclasses
 import os
 import random
 
@@ -19,7 +20,7 @@ if not INTERPRETED and not torch.cuda.is_available():
 DEVICE = "cpu" if INTERPRETED else "cuda"
 
 from kernels import reference, triton_impl  # noqa: E402
-from kernels.testing import random_attention_batch, random_batch, random_kv_moves  # noqa: E402
+from kernels.testing import ancestor_mask, random_attention_batch, random_batch, random_kv_moves  # noqa: E402
 
 # Kept small: the interpreter runs every program of a launch one after another in Python.
 _lengths = random.Random(0)
@@ -112,3 +113,47 @@ def test_paged_attention(trees, dtype):
     assert actual.dtype == dtype
     torch.testing.assert_close(actual.float(), expected.float(), atol=1e-5 if dtype == torch.float32 else 2e-2,
                                rtol=0)
+
+
+
+@pytest.mark.parametrize("cached", [70, 60], ids=["path within a block of keys", "path across two"])
+def test_a_tree_node_attends_as_its_path_decoded_alone_bit_for_bit(cached):
+    """Greedy speculation with trees is lossless only if a node's attention is the same bits as in the
+    steps that decode its path one token at a time (after the path's K/V moved into place)."""
+    parents = [-1, -1, 0, 1, 2, 3, 4]  # two branches; the path 0, 2, 4, 6 sits at every other position
+    path = [0, 2, 4, 6]
+    mask = ancestor_mask(parents).flatten().to(DEVICE)
+    tree = random_attention_batch([len(parents)], [cached], trees=frozenset({0}), dtype=torch.float32,
+                                  device=DEVICE, packed=False)
+    tree = dataclasses.replace(tree, tree_mask=mask)
+    tree_rows = triton_impl.paged_attention(*tree.args())[path]
+    keys, values = tree.key_cache.clone(), tree.value_cache.clone()
+    slots = tree.block_tables[0].repeat_interleave(tree.block_size) * tree.block_size + \
+        torch.arange(tree.block_size, device=DEVICE).repeat(tree.block_tables.shape[1])  # position -> slot
+    moved_to, moved_from = slots[cached:cached + len(path)], slots[cached + torch.tensor(path, device=DEVICE)]
+    keys[moved_to], values[moved_to] = tree.key_cache[moved_from], tree.value_cache[moved_from]
+    for depth, node in enumerate(path):  # each decoded alone, after its ancestors
+        alone = dataclasses.replace(tree, query=tree.query[node:node + 1], key_cache=keys, value_cache=values,
+                                    query_start=torch.tensor([0, 1], device=DEVICE),
+                                    context_start=torch.tensor([cached + depth], device=DEVICE), tree_mask=None,
+                                    tree_offsets=torch.tensor([-1], device=DEVICE))
+        assert torch.equal(triton_impl.paged_attention(*alone.args())[0], tree_rows[depth])
+
+# bf16 only compiled: the interpreter computes bf16 arithmetic wrong.
+LAYER_DTYPES = [torch.float32] if INTERPRETED else [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", LAYER_DTYPES, ids=str)
+@pytest.mark.parametrize("with_delta", [False, True], ids=["norm", "add and norm"])
+def test_add_rms_norm(dtype, with_delta):
+    generator = torch.Generator(device=DEVICE).manual_seed(0)
+    h, delta = (3 * torch.randn(9, 70, generator=generator, device=DEVICE).to(dtype) for _ in range(2))
+    weight = torch.randn(70, generator=generator, device=DEVICE).to(dtype)
+    expected_h = h.clone()
+    expected = reference.add_rms_norm(expected_h, delta if with_delta else None, weight, 1e-5)
+    actual = triton_impl.add_rms_norm(h, delta if with_delta else None, weight, 1e-5)
+    assert torch.equal(h, expected_h)  # the residual stream updated in place, bit for bit
+    torch.testing.assert_close(actual, expected, atol=1e-5 if dtype == torch.float32 else 2e-2, rtol=1e-2)
+    for rows in (1, 4):
+        assert torch.equal(triton_impl.add_rms_norm(h[:rows].clone(), None, weight, 1e-5),
+                           triton_impl.add_rms_norm(h.clone(), None, weight, 1e-5)[:rows])
