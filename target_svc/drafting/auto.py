@@ -4,10 +4,14 @@ its answer costs (an explore/exploit rule over its drafts' gain).
 
 A text's best drafter is a property of the text (code repeats its prompt: n-gram; a chat that echoes
 earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter
-has gained the deployment's sequences when asked at set times (`MethodRecord`): the one that has gained the most (a
-moving mean of its accepted draft tokens, less what verifying them cost the batch, less the tokens its
-round trip is worth: `fused` waits for the slowest of several drafters, measured 2-2.6 ms against ~1 ms for
-one, on a 12 ms step at batch 1) is asked, and every
+has gained the deployment's sequences when asked at set times (`MethodRecord`): the one expected to gain the
+most (its accepted draft tokens, less what verifying them cost the batch, less the tokens its round trip is
+worth: `fused` waits for the slowest of several drafters, measured 2-2.6 ms against ~1 ms for one, on a 12 ms
+step at batch 1) is asked. What a drafter is expected to gain a sequence is the sequence's own recent asks
+of it, with the record counted as PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean
+of the sequence's asks alone, weighing the newest a quarter, fell below zero within a few empty asks and
+handed the sequence to a drafter that offered nothing (lookahead, whose window does not pay at batch 1 on a
+CPU: a fifth of the asks of Spec-Bench's sequences went to it). Every
 EXPLORE_EVERY asks the one asked longest ago, so a drafter that starts to pay later (a text turning
 repetitive) is found. A drafter the deployment has no record of yet is tried TRIALS times first. The
 drafters' own gates still decide whether a step asks at all.
@@ -19,13 +23,14 @@ from types import MappingProxyType
 
 from specd.options import OptionSchema
 from specd.types import AUTO_METHOD
-from target_svc.drafting.means import moved, warmed
+from target_svc.drafting.means import warmed
 
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
 EXPLORE_EVERY = 8
-SMOOTHING = 0.25  # weight of a drafter's newest ask in a sequence's mean gain
-RECORD_SMOOTHING = 1 / 64  # and in the deployment's
+PRIOR_ASKS = 2.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
+MEMORY = 0.8  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~5 count
+RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record
 
 
 class MethodRecord:
@@ -52,7 +57,9 @@ class MethodChooser:
     def __init__(self, methods: list[str], record: MethodRecord | None = None):
         self._methods = list(methods)
         self._record = record if record is not None else MethodRecord()
-        self._gain: dict[str, float] = {}  # a moving mean per method this sequence asked, from the record's
+        # Per method this sequence asked: its gains and its asks, the earlier ones weighing MEMORY less at each ask.
+        self._gains: dict[str, float] = {}
+        self._weights: dict[str, float] = {}
         self._asks = {method: 0 for method in methods}
         self._last_asked = {method: -1 for method in methods}
         self._total_asks = 0
@@ -75,12 +82,15 @@ class MethodChooser:
                                                  -self._methods.index(m))), "best"
 
     def _expected(self, method: str) -> float:
-        """What an ask of `method` is expected to gain: this sequence's mean, or the deployment's before it asked."""
-        return self._gain.get(method, self._record.gain[method])
+        """What an ask of `method` is expected to gain: the sequence's recent asks of it and the deployment's
+        record, which counts as PRIOR_ASKS asks."""
+        return ((PRIOR_ASKS * self._record.gain[method] + self._gains.get(method, 0.0))
+                / (PRIOR_ASKS + self._weights.get(method, 0.0)))
 
     def observe(self, method: str, gain: float) -> None:
         """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft)."""
-        self._gain[method] = moved(self._gain.get(method, self._record.gain.get(method)), gain, SMOOTHING)
+        self._gains[method] = MEMORY * self._gains.get(method, 0.0) + gain
+        self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
         if self._why != "best":
             self._record.observe(method, gain)
         self._asks[method] += 1

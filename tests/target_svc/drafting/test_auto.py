@@ -63,8 +63,20 @@ def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_ear
     later = MethodChooser(["ngram", "suffix", "fused"], record)
     assert later.choose() == ("fused", "best")
     # and its own asks take over from the record: where fused gains this one nothing, it moves on
-    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "fused": 0.0})[0] for _ in range(EXPLORE_EVERY - 1)]
+    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "fused": 0.0})[0] for _ in range(EXPLORE_EVERY + 2)]
     assert choices[-1] == "suffix"
+
+
+def test_a_dry_spell_does_not_hand_the_sequence_to_a_drafter_that_offers_nothing():
+    """Gains come in runs: a few rejected drafts in a row (their verification paid for) must not make
+    a drafter that has paid the deployment look worse than one whose asks bring no draft at all."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("suffix", 0.6)
+        record.observe("lookahead", 0.0)  # its window does not pay at this load: asking it drafts nothing
+    chooser = MethodChooser(["suffix", "lookahead"], record)
+    choices = [ask(chooser, {"suffix": -0.1, "lookahead": 0.0}) for _ in range(3 * EXPLORE_EVERY)]
+    assert {method for method, why in choices if why == "best"} == {"suffix"}
 
 
 def test_the_record_is_the_plain_mean_of_a_drafters_first_asks_not_its_first_ask():
