@@ -60,7 +60,6 @@ class MethodChooser:
         # Per method this sequence asked: its gains and its asks, the earlier ones weighing MEMORY less at each ask.
         self._gains: dict[str, float] = {}
         self._weights: dict[str, float] = {}
-        self._asks = {method: 0 for method in methods}
         self._last_asked = {method: -1 for method in methods}
         self._total_asks = 0
         self.current = self._methods[0]  # the latest choice
@@ -93,6 +92,5 @@ class MethodChooser:
         self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
         if self._why != "best":
             self._record.observe(method, gain)
-        self._asks[method] += 1
         self._last_asked[method] = self._total_asks
         self._total_asks += 1
