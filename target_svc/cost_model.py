@@ -86,6 +86,13 @@ PROFILE_NEW_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 # Each profile step is timed this many times and the fastest kept: a neighbour's burst on a shared
 # machine must not teach the model, for good, that drafts cost what decodes do.
 PROFILE_REPEATS = 3
+# And a step of up to SMALL_STEP_TOKENS new tokens this many times: these decide the price of a batch-1
+# step's first draft tokens, from differences of a few tenths of a millisecond in ~12 ms. Timed the fastest
+# of 3, four profiles of the default model in one quiet process priced the first new token from 0.0 to
+# 0.87 ms (bf16, 2 threads, a 2-core Xeon), and targets of one bench run from 0.1 to 1.3 ms: the stack
+# with the dearest drafted a third fewer tokens a step than the others. The fastest of 9 costs ~0.3 s.
+SMALL_STEP_TOKENS = 8
+SMALL_STEP_REPEATS = 9
 
 
 class _Moments:
@@ -214,10 +221,11 @@ class StepCostModel:
                 # The sizes in turn, PROFILE_REPEATS times over: a burst of other work disturbs one round, not
                 # every timing of one size.
                 fastest = dict.fromkeys(PROFILE_NEW_TOKENS, math.inf)
-                for _ in range(PROFILE_REPEATS):
+                for round_ in range(SMALL_STEP_REPEATS):
                     for new in PROFILE_NEW_TOKENS:
-                        steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
-                        fastest[new] = min(fastest[new], _timed(runner, steps, ids, context))
+                        if round_ < PROFILE_REPEATS or new * num_seqs <= SMALL_STEP_TOKENS:
+                            steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
+                            fastest[new] = min(fastest[new], _timed(runner, steps, ids, context))
                 for new, seconds in fastest.items():
                     self.observe(StepShape.of([(context, new)] * num_seqs), seconds, profile=True)
             finally:
