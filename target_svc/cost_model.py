@@ -24,9 +24,12 @@ drafts that raise the batch's tokens out per second (`choose_drafts`).
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from engine.runner import ModelRunner, SequenceInput
@@ -201,6 +204,27 @@ class StepCostModel:
                for i, (fr, orow) in enumerate(zip(fixed.xtx, online.xtx))]
         xty = [f + o for f, o in zip(fixed.xty, online.xty)]
         return _coefficients(_nnls(xtx, xty))
+
+    def save_profile(self, path: str | Path, key: str) -> None:
+        """The profile's measured steps, for targets of the same `key` (model, device, dtype, threads) to start
+        from (`load_profile`): targets compared side by side then price drafts alike. Written whole or not at all."""
+        path = Path(path)
+        steps = [[shape.tokens, shape.context, shape.pairs, seconds] for shape, seconds in self._profiled]
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"key": key, "steps": steps}))
+        partial.replace(path)
+
+    def load_profile(self, path: str | Path, key: str) -> bool:
+        """Observes a saved profile's steps as this target's own, if `path` holds one of the same `key`."""
+        try:
+            saved = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(saved, dict) or saved.get("key") != key or not saved.get("steps"):
+            return False
+        for tokens, context, pairs, seconds in saved["steps"]:
+            self.observe(StepShape(int(tokens), int(context), int(pairs)), float(seconds), profile=True)
+        return True
 
     def profile(self, runner: ModelRunner) -> None:
         """A few forwards of throwaway sequences at start: steps of 1 to 64 new tokens on one short

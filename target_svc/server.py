@@ -6,6 +6,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specd.model_store import DEFAULT_MODEL, resolve_model
 from specd import defaults
@@ -43,6 +44,9 @@ class TargetOptions:
     max_step_tokens: int = defaults.MAX_STEP_TOKENS
     max_waiting: int = defaults.MAX_WAITING
     step_timeout_s: float = defaults.STEP_TIMEOUT_S  # a step running longer is stuck: NOT_SERVING until it ends
+    # The step cost profile's file: taken from it where it holds this model's on this device, dtype and threads,
+    # else measured and written there. None: measured, not kept.
+    step_cost_profile: str | None = None
     default_max_tokens: int = 256
     num_threads: int | None = None
     engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
@@ -65,20 +69,12 @@ class TargetService(Service):
             ModelRunner, model_dir, kv_cache_tokens=options.kv_cache_tokens, num_threads=options.num_threads,
             engine=options.engine, kv_cache_memory_gib=options.kv_cache_memory_gib).result()
         self._report_engine(options.engine)
-        cost_model = StepCostModel()
-        started = time.perf_counter()
-        self.compute_thread.submit(cost_model.profile, self.runner).result()
-        c = cost_model.coefficients
-        knees = "".join(f" + {extra * 1e3:.3f} ms more past {knee}" for knee, extra
-                        in zip(cost_model.knees, (c.per_token_past_first_knee, c.per_token_past_second_knee)))
-        log.info("step cost (%.1f s profile): %.2f ms + %.3f ms per new token%s + %.5f ms per token of sequence "
-                 "length + %.6f ms per query-key pair", time.perf_counter() - started, c.fixed * 1e3,
-                 c.per_token * 1e3, knees, c.per_context * 1e3, c.per_pair * 1e3)
+        self.cost_model = self._profiled_cost_model(model_dir, options)
         self.drafters = Drafters([self._draft_source(method, address, options) for method, address
                                   in options.drafters.items()], self.runner.vocab_size)
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
                                    max_num_seqs=options.max_num_seqs, max_step_tokens=options.max_step_tokens,
-                                   cost_model=cost_model, max_waiting=options.max_waiting,
+                                   cost_model=self.cost_model, max_waiting=options.max_waiting,
                                    step_timeout_s=options.step_timeout_s, report_serving=self.set_serving)
         info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
                                     vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
@@ -89,6 +85,27 @@ class TargetService(Service):
         super().__init__("target", [spec], options.address, options.metrics_address, self.metrics.registry,
                          Exposure(tls=options.tls, reflection=options.reflection))
         self._loop_task: asyncio.Task | None = None
+
+    def _profiled_cost_model(self, model_dir: Path, options: TargetOptions) -> StepCostModel:
+        """The step cost model, its profile taken from options.step_cost_profile where that holds this
+        target's, else measured here (and written there)."""
+        cost_model = StepCostModel()
+        key = f"{model_dir} {options.engine.device} {options.engine.dtype_name} threads={options.num_threads}"
+        started = time.perf_counter()
+        if options.step_cost_profile and cost_model.load_profile(options.step_cost_profile, key):
+            source = f"from {options.step_cost_profile}"
+        else:
+            self.compute_thread.submit(cost_model.profile, self.runner).result()
+            source = f"{time.perf_counter() - started:.1f} s profile"
+            if options.step_cost_profile:
+                cost_model.save_profile(options.step_cost_profile, key)
+        c = cost_model.coefficients
+        knees = "".join(f" + {extra * 1e3:.3f} ms more past {knee}" for knee, extra
+                        in zip(cost_model.knees, (c.per_token_past_first_knee, c.per_token_past_second_knee)))
+        log.info("step cost (%s): %.2f ms + %.3f ms per new token%s + %.5f ms per token of sequence length + %.6f "
+                 "ms per query-key pair", source, c.fixed * 1e3, c.per_token * 1e3, knees, c.per_context * 1e3,
+                 c.per_pair * 1e3)
+        return cost_model
 
     def _report_engine(self, engine: EngineConfig) -> None:
         cache = self.runner.cache

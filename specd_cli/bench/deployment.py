@@ -56,11 +56,16 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
     log_dir.mkdir(parents=True, exist_ok=True)
     model_drafters = tuple(m for m in MODEL_DRAFTER_METHODS if m in (methods or ()))
     stacks: list[Stack] = []
+    # The first target profiles its step cost, the others take its profile: each profiling its own, one
+    # bench run's targets priced a first draft token from 0.7 to 1.3 ms, and the dearest drafted a third
+    # fewer tokens a step, so methods on different stacks were not compared like with like.
+    cost_profile = log_dir / "step_cost_profile.json"
 
     def started(name: str) -> Stack:
         """A stack up (one at a time: each target profiles its step cost as it starts, undisturbed)."""
         stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads,
-                             extra_target_args=["--dtype", dtype], drafters=(*DEFAULT_DRAFTERS, *model_drafters),
+                             extra_target_args=["--dtype", dtype, "--step-cost-profile", str(cost_profile)],
+                             drafters=(*DEFAULT_DRAFTERS, *model_drafters),
                              model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
                                                                      if draft_layers else [])],
                              drafter_args=warm_corpus_args(warm_corpus), log_dir=log_dir / name)

@@ -109,3 +109,16 @@ def test_a_term_the_data_pushes_below_zero_is_held_at_zero_and_the_others_refitt
     fixed, per_token, _, _, per_context, per_pair = model.coefficients
     assert per_context == 0 and per_pair == 0
     assert fixed == pytest.approx(0.0205, abs=5e-4) and per_token == pytest.approx(0.0003, rel=0.05)
+
+
+def test_a_saved_profile_gives_a_target_of_the_same_key_the_same_prices_and_no_other(tmp_path):
+    measured = StepCostModel()
+    for tokens in (1, 2, 4, 8, 16, 32, 64):  # first tokens nearly free, then 1 ms each
+        measured.observe(one(16, tokens), 0.010 + 0.0002 * min(tokens, 4) + 0.001 * max(tokens - 4, 0), profile=True)
+    path = tmp_path / "profile.json"
+    measured.save_profile(path, key="model cpu bfloat16 threads=2")
+    same = StepCostModel()
+    assert same.load_profile(path, key="model cpu bfloat16 threads=2")
+    assert same.coefficients == measured.coefficients and same.knees == measured.knees
+    assert not StepCostModel().load_profile(path, key="model cpu float32 threads=2")
+    assert not StepCostModel().load_profile(tmp_path / "none.json", key="model cpu bfloat16 threads=2")

@@ -26,6 +26,7 @@ def test_bench_spec_writes_results_and_plot_and_greedy_outputs_match(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
     assert (run_dir / "speedup_by_category.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((run_dir / "logs" / "step_cost_profile.json").read_text())["steps"]  # for every stack of the run
     results = json.loads((run_dir / "results.json").read_text())
     assert results["settings"]["max_tokens"] == 8 and results["settings"]["methods"] == ["none", "ngram"]
     assert results["machine"]["torch_threads"] == 2 and results["git"]["commit"]
