@@ -2,7 +2,7 @@
 from target_svc.server import TargetOptions, TargetService
 
 
-def test_targets_given_one_step_cost_profile_file_measure_it_once_and_price_steps_alike(tiny_model_dir, tmp_path):
+async def test_targets_given_one_step_cost_profile_file_measure_it_once_and_price_steps_alike(tiny_model_dir, tmp_path):
     profile = tmp_path / "step_cost.json"
     options = TargetOptions(model=str(tiny_model_dir), address="127.0.0.1:0", metrics_address=None,
                             kv_cache_tokens=1024, step_cost_profile=str(profile))
