@@ -62,7 +62,7 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
     cost_profile = log_dir / "step_cost_profile.json"
 
     def started(name: str) -> Stack:
-        """A stack up (one at a time: each target profiles its step cost as it starts, undisturbed)."""
+        """A stack up (one at a time: the first target profiles its step cost as it starts, undisturbed)."""
         stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads,
                              extra_target_args=["--dtype", dtype, "--step-cost-profile", str(cost_profile)],
                              drafters=(*DEFAULT_DRAFTERS, *model_drafters),
