@@ -3,6 +3,7 @@ starts on free loopback ports, with the services' logs kept beside the results."
 from __future__ import annotations
 
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from specd_cli.stack import DEFAULT_DRAFTERS, MODEL_DRAFTER_METHODS, Stack, Stac
 # answer to a prompt from another method's answer to the same prompt (measured: 3-6x the tokens per
 # step), so a bench that starts its own stack gives each of them a stack of its own.
 LEARNING_METHODS = ("suffix", "trie", "fused", "auto")
+METRICS_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -87,7 +89,19 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
         yield Deployment(gateway_of(shared), shared.address("target"), resolved, own)
     finally:
         for stack in stacks:
+            _keep_metrics(stack)
             stack.down()
+
+
+def _keep_metrics(stack: _LoggedStack) -> None:
+    """Each service's metrics as the run left them, beside its log (gone with the stack otherwise): which
+    drafter `auto` chose and why, the windows run and skipped, the step cost model, the drafters' caches."""
+    for service in stack.services:
+        try:
+            with urllib.request.urlopen(stack.metrics_url(service), timeout=METRICS_TIMEOUT_S) as response:
+                (stack.log_dir / f"{service}.metrics.txt").write_bytes(response.read())
+        except OSError:  # a service that is down has none to keep; the run's results stand without them
+            pass
 
 
 def served_methods(target: str, timeout_s: float = 10.0) -> list[str]:

@@ -29,7 +29,7 @@ AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its 
 TRIALS = 2
 EXPLORE_EVERY = 8
 PRIOR_ASKS = 2.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
-MEMORY = 0.8  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~5 count
+MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
 RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record
 
 

@@ -17,7 +17,12 @@ greedy and sampled requests alike: the window's guesses only decide what is draf
 
 The window is ~(level - 1) × window extra tokens per step. Its worth is what it adds: the accepted draft
 tokens its n-grams bring (counted when accepted, whenever that is) per step it ran; the target's cost
-model weighs that against the window's price at the current load and runs it only where it pays.
+model weighs that against the window's price at the current load and runs it only where it pays. A
+sequence that has not shown its window's worth yet is expected to yield what windows have yielded the
+deployment's sequences lately (PRIOR_YIELD before any has run): with a fixed prior, every new sequence
+ran its window on its first asks whatever windows had been bringing, and under `auto`, which asks
+lookahead now and then for every sequence, those windows (15 tokens on a 12 ms CPU step, ~40 ms steps)
+cost it more than lookahead's drafts brought.
 """
 from __future__ import annotations
 
@@ -40,24 +45,26 @@ SCHEMA = OptionSchema(METHOD, (
 # A draft token's estimated acceptance, split among siblings by how many n-grams pass through each:
 # the target's calibration scales it to what lookahead's drafts achieve.
 ACCEPTANCE_ESTIMATE = 0.5
-# What the window is expected to bring per step before the sequence has shown it: worth trying where
+# What the window is expected to bring per step before any has run on the deployment: worth trying where
 # its tokens are cheap (a GPU at low load), not where they cost a step's worth (a loaded CPU).
 PRIOR_YIELD = 1.0
 PRIOR_STEPS = 2.0  # the prior's weight, in window steps
-RECENT_STEPS = 16  # the window's yield is a mean over about this many steps
+RECENT_STEPS = 16  # a sequence's window yield is a mean over about this many of its steps
+DEPLOYMENT_RECENT_STEPS = 256  # the deployment's, over about this many steps of its sequences
 
 
 @dataclass
 class _WindowYield:
-    """Draft tokens the window's n-grams brought, per step the window ran, over recent steps."""
+    """Draft tokens the window's n-grams brought, per step the window ran, over about `recent_steps` steps."""
+    recent_steps: int = RECENT_STEPS
     accepted: float = 0.0
     window_steps: float = 0.0
 
-    def expected(self) -> float:
-        return (self.accepted + PRIOR_YIELD * PRIOR_STEPS) / (self.window_steps + PRIOR_STEPS)
+    def expected(self, prior: float) -> float:
+        return (self.accepted + prior * PRIOR_STEPS) / (self.window_steps + PRIOR_STEPS)
 
     def step(self, window_ran: bool, accepted_from_window: int) -> None:
-        keep = 1.0 - 1.0 / RECENT_STEPS
+        keep = 1.0 - 1.0 / self.recent_steps
         self.accepted = self.accepted * keep + accepted_from_window
         self.window_steps = self.window_steps * keep + window_ran
 
@@ -112,16 +119,17 @@ class _Lookahead:
         self.last_draft_from_window = tuple(nodes[p][3] for p in order)
         return tree
 
-    def window(self) -> Window:
+    def window(self, prior_yield: float) -> Window:
         """The levels as a tree: level 0 a chain from the newest token, each higher token a child of the
-        one below it in its column; the top level's nodes are the guesses."""
+        one below it in its column; the top level's nodes are the guesses. `prior_yield`: what it is
+        expected to bring a step before this sequence has shown it."""
         width, parents = self.width, []
         for level in range(len(self.levels)):
             for column in range(width):
                 parents.append((column - 1 if column else ROOT) if level == 0 else (level - 1) * width + column)
         top = (len(self.levels) - 1) * width
         return Window(tuple(t for tokens in self.levels for t in tokens), tuple(parents),
-                      tuple(range(top, top + width)), self.yield_.expected())
+                      tuple(range(top, top + width)), self.yield_.expected(prior_yield))
 
     def advance(self, guesses: list[int]) -> None:
         """The target's argmax over the top level: the columns' n-grams join the pool, and the window
@@ -142,6 +150,7 @@ class LookaheadSource:
 
     def __init__(self):
         self._states: dict[str, _Lookahead] = {}
+        self._deployment_yield = _WindowYield(DEPLOYMENT_RECENT_STEPS)  # every sequence's window steps
 
     async def start(self) -> None:
         pass
@@ -157,14 +166,16 @@ class LookaheadSource:
 
     def window(self, seq: Sequence) -> Window | None:
         state = self._states.get(seq.request_id)
-        return state.window() if state is not None else None
+        return state.window(self._deployment_yield.expected(PRIOR_YIELD)) if state is not None else None
 
     def observe(self, seq: Sequence, guesses: list[int], num_verified: int, accepted_nodes: tuple[int, ...]) -> None:
         state = self._states.get(seq.request_id)
         if state is None:
             return
         from_window = state.last_draft_from_window
-        state.yield_.step(bool(guesses), sum(from_window[node] for node in accepted_nodes if node < len(from_window)))
+        brought = sum(from_window[node] for node in accepted_nodes if node < len(from_window))
+        for record in (state.yield_, self._deployment_yield):
+            record.step(bool(guesses), brought)
         state.last_draft_from_window = ()
         if guesses:
             state.advance(guesses)

@@ -7,7 +7,7 @@ import pytest
 from specd.drafts import ROOT
 from specd.types import SamplingParams, SpeculativeConfig
 from target_svc.cost_model import StepCostModel, StepShape
-from target_svc.drafting.lookahead import ACCEPTANCE_ESTIMATE, LookaheadSource, _Lookahead
+from target_svc.drafting.lookahead import ACCEPTANCE_ESTIMATE, PRIOR_YIELD, LookaheadSource, _Lookahead
 from target_svc.sequence import Sequence
 from tests.target_svc.test_scheduler import bf16_scheduler, prompt_of, run_to_end, sequence
 
@@ -18,7 +18,7 @@ def lookahead(level=4, width=3, guess_set_size=2, levels=None) -> _Lookahead:
 
 def test_the_window_is_a_tree_whose_columns_climb_the_levels_from_a_chain_at_level_zero():
     state = lookahead(levels=[[10, 11, 12], [20, 21, 22], [30, 31, 32]])
-    window = state.window()
+    window = state.window(prior_yield=1.0)
     assert window.token_ids == (10, 11, 12, 20, 21, 22, 30, 31, 32)
     # level 0 is a chain from the newest token; (l, j) follows (l - 1, j)
     assert window.parents == (ROOT, 0, 1, 0, 1, 2, 3, 4, 5)
@@ -90,6 +90,19 @@ def test_the_window_is_expected_to_bring_what_its_n_grams_brought_per_step_it_ra
     assert source.window(seq).expected_yield == pytest.approx(2.0, rel=0.1)
     source.release(seq)
     assert source.window(seq) is None
+
+
+def test_a_new_sequences_window_is_expected_to_bring_what_windows_brought_the_deployments_sequences():
+    source = LookaheadSource()
+    first, later = sequence("first", prompt=[1, 2, 3, 4]), sequence("later", prompt=[5, 6, 7, 8])
+    asyncio.run(source.propose([(first, 4)]))
+    assert source.window(first).expected_yield == PRIOR_YIELD  # no window has run on the deployment yet
+    for _ in range(64):  # the first sequence's windows run and bring nothing
+        source._states["first"].last_draft_from_window = (True,)
+        source.observe(first, [9, 9, 9, 9, 9], num_verified=1, accepted_nodes=())
+    source.release(first)
+    asyncio.run(source.propose([(later, 4)]))
+    assert source.window(later).expected_yield < PRIOR_YIELD / 2  # so the next one's is not run on trust
 
 
 def cost_model(per_token: float) -> StepCostModel:
