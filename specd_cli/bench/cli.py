@@ -123,7 +123,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                              help="Poisson arrivals at this many requests/s (default inf: closed loop, each client "
                                   "sends its next request when the last one ends)")
     serve_flags.add_argument("--num-prompts", type=int, default=64,
-                             help="requests per method and concurrency, drawn from the prompt set (default 64)")
+                             help="requests per method and concurrency, drawn from the prompt set; each level "
+                                  "gets prompts of its own while the set has enough (default 64)")
     serve_flags.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     serve_flags.add_argument("--rounds", type=int, default=4,
                              help="the methods take turns over each level's prompts in this many slices, each of "
@@ -267,11 +268,16 @@ async def _serve(args: argparse.Namespace) -> int:
     import torch
 
     from specd_cli.bench import results
-    from specd_cli.bench.prompts import load_sharegpt, load_spec_bench, sample_prompts
+    from specd_cli.bench.prompts import level_prompts, load_sharegpt, load_spec_bench
 
     threads = args.threads or torch.get_num_threads()
     pool = load_sharegpt(args.sharegpt) if args.sharegpt else load_spec_bench(args.prompts)
-    prompts = sample_prompts(pool, args.num_prompts, args.seed)
+    levels = len(args.concurrency)
+    if len(pool) < args.num_prompts * levels:
+        print(f"specd bench: {len(pool)} prompts for {levels} levels of {args.num_prompts}: later levels repeat "
+              f"earlier levels' prompts, which drafters that learn across requests will have seen answered",
+              file=sys.stderr)
+    prompts = level_prompts(pool, args.num_prompts, levels, args.seed)
     run_dir = results.new_run_dir(args.output_dir, "serve")
     settings, records = await _measure_serve(args, prompts, threads, run_dir)
     _write_serve(args, settings, records, threads, run_dir)

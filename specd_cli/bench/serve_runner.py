@@ -59,25 +59,26 @@ def poisson_send_times(count: int, rate: float, seed: int) -> list[float]:
 
 
 class LoadRunner:
-    def __init__(self, gateway: Gateway, settings: ServeSettings, prompts: list[Prompt]):
+    def __init__(self, gateway: Gateway, settings: ServeSettings, prompts_by_level: list[list[Prompt]]):
+        """`prompts_by_level`: each concurrency level's prompts, in the order of `settings.concurrencies`."""
         self.gateway = gateway
         self.settings = settings
-        self.prompts = prompts
+        self.prompts_by_level = prompts_by_level
 
-    async def _send(self, index: int, method: str, concurrency: int, load_round: int,
+    async def _send(self, prompts: list[Prompt], index: int, method: str, concurrency: int, load_round: int,
                     started: float) -> RequestRecord:
         s = self.settings
         sent_at = time.perf_counter() - started
         seed = s.seed + index if s.temperature > 0 else None
-        record = await self.gateway.timed_request(self.prompts[index], method, s.temperature, seed, s.max_tokens,
+        record = await self.gateway.timed_request(prompts[index], method, s.temperature, seed, s.max_tokens,
                                                   s.timeout_s)
         record.sent_at_s, record.concurrency, record.load_round = sent_at, concurrency, load_round
         return record
 
-    async def run_level(self, method: str, concurrency: int, bar: tqdm, indices: range | None = None,
-                        load_round: int = 0) -> list[RequestRecord]:
-        """The prompts at `indices` (all by default) for one method at one concurrency."""
-        indices = indices if indices is not None else range(len(self.prompts))
+    async def run_level(self, method: str, concurrency: int, bar: tqdm, prompts: list[Prompt],
+                        indices: range | None = None, load_round: int = 0) -> list[RequestRecord]:
+        """The `prompts` at `indices` (all by default) for one method at one concurrency."""
+        indices = indices if indices is not None else range(len(prompts))
         started, records = time.perf_counter(), []
         due = poisson_send_times(len(indices), self.settings.request_rate, self.settings.seed)
         in_flight = asyncio.Semaphore(concurrency)
@@ -85,7 +86,7 @@ class LoadRunner:
         async def one(position: int, index: int) -> None:
             await asyncio.sleep(max(0.0, due[position] - (time.perf_counter() - started)))
             async with in_flight:
-                records.append(await self._send(index, method, concurrency, load_round, started))
+                records.append(await self._send(prompts, index, method, concurrency, load_round, started))
                 bar.update()
 
         await asyncio.gather(*(one(position, index) for position, index in enumerate(indices)))
@@ -103,19 +104,18 @@ class LoadRunner:
     async def run(self) -> list[RequestRecord]:
         s = self.settings
         records = []
-        with tqdm(total=len(s.methods) * len(s.concurrencies) * len(self.prompts), unit="req", desc="bench serve",
-                  dynamic_ncols=True) as bar:
-            for level, concurrency in enumerate(s.concurrencies):
-                for load_round, indices in enumerate(self.slices(concurrency)):
+        total = len(s.methods) * sum(len(prompts) for prompts in self.prompts_by_level)
+        with tqdm(total=total, unit="req", desc="bench serve", dynamic_ncols=True) as bar:
+            for level, (concurrency, prompts) in enumerate(zip(s.concurrencies, self.prompts_by_level)):
+                for load_round, indices in enumerate(self.slices(len(prompts), concurrency)):
                     for method in rotated(s.methods, level + load_round):
                         bar.set_postfix_str(f"{method} concurrency={concurrency} round={load_round + 1}")
-                        records.extend(await self.run_level(method, concurrency, bar, indices, load_round))
+                        records.extend(await self.run_level(method, concurrency, bar, prompts, indices, load_round))
         return records
 
-    def slices(self, concurrency: int) -> list[range]:
-        """The level's prompts in up to `rounds` slices of nearly equal size, each of at least
+    def slices(self, count: int, concurrency: int) -> list[range]:
+        """A level's `count` prompts in up to `rounds` slices of nearly equal size, each of at least
         MIN_ROUND_CLIENTS x `concurrency` prompts (or one slice of them all)."""
-        count = len(self.prompts)
         rounds = max(1, min(self.settings.rounds, count // (MIN_ROUND_CLIENTS * concurrency)))
         bounds = [count * n // rounds for n in range(rounds + 1)]
         return [range(start, end) for start, end in zip(bounds, bounds[1:])]

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from specd_cli.bench.prompts import PromptFileError, load_sharegpt, load_spec_bench, sample_prompts
+from specd_cli.bench.prompts import PromptFileError, level_prompts, load_sharegpt, load_spec_bench, sample_prompts
 
 
 @pytest.fixture
@@ -60,3 +60,12 @@ def test_sampled_prompts_are_seeded_and_cycle_through_a_small_set(spec_bench_fil
     assert drawn == sample_prompts(pool, 14, seed=3)
     assert len(drawn) == 14 and set(drawn) == set(pool)
     assert drawn[:6] == drawn[6:12]
+
+
+def test_each_load_level_gets_prompts_no_earlier_level_had_while_the_set_has_enough(spec_bench_file):
+    pool = load_spec_bench(spec_bench_file)  # 6 prompts
+    first, second = level_prompts(pool, 3, levels=2, seed=3)
+    assert len(first) == len(second) == 3 and not set(first) & set(second)
+    assert level_prompts(pool, 3, levels=2, seed=3) == [first, second]
+    # a set too small for every level: the later levels repeat prompts
+    assert sum(map(len, level_prompts(pool, 4, levels=2, seed=3))) == 8

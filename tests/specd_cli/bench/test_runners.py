@@ -166,9 +166,9 @@ def serve_settings(**kw):
 
 async def test_closed_loop_keeps_at_most_concurrency_requests_in_flight_and_sends_every_prompt():
     gateway = FakeGateway(delay_s=0.01)
-    runner = LoadRunner(gateway, serve_settings(), PROMPTS)
+    runner = LoadRunner(gateway, serve_settings(), [PROMPTS, PROMPTS])
     with tqdm(disable=True) as bar:
-        records = await runner.run_level("ngram", 3, bar)
+        records = await runner.run_level("ngram", 3, bar, PROMPTS)
     assert gateway.most_in_flight == 3
     assert sorted(r.prompt_id for r in records) == ["0", "1", "2", "3"]
     assert {r.concurrency for r in records} == {3}
@@ -176,9 +176,9 @@ async def test_closed_loop_keeps_at_most_concurrency_requests_in_flight_and_send
 
 
 async def test_poisson_arrivals_are_spread_over_time():
-    runner = LoadRunner(FakeGateway(), serve_settings(request_rate=50.0), PROMPTS)
+    runner = LoadRunner(FakeGateway(), serve_settings(request_rate=50.0), [PROMPTS, PROMPTS])
     with tqdm(disable=True) as bar:
-        records = await runner.run_level("none", 4, bar)
+        records = await runner.run_level("none", 4, bar, PROMPTS)
     sent = sorted(r.sent_at_s for r in records)
     assert sent[-1] - sent[0] == pytest.approx(poisson_send_times(4, 50.0, 0)[-1], abs=0.05)
 
@@ -186,7 +186,7 @@ async def test_poisson_arrivals_are_spread_over_time():
 async def test_methods_take_turns_over_slices_of_a_level_in_an_order_rotated_each_round():
     gateway = FakeGateway()
     prompts = [Prompt(str(i), "writing", f"question {i}") for i in range(8)]
-    runner = LoadRunner(gateway, serve_settings(concurrencies=[1], rounds=4), prompts)
+    runner = LoadRunner(gateway, serve_settings(concurrencies=[1], rounds=4), [prompts])
     records = await runner.run()
     blocks = [(r.load_round, r.system) for r in records]
     assert list(dict.fromkeys(blocks)) == [(0, "none"), (0, "ngram"), (1, "ngram"), (1, "none"),
@@ -198,16 +198,21 @@ async def test_methods_take_turns_over_slices_of_a_level_in_an_order_rotated_eac
 
 
 def test_a_level_has_fewer_rounds_where_a_slice_would_not_reach_its_full_load():
-    prompts = [Prompt(str(i), "writing", f"question {i}") for i in range(10)]
-    runner = LoadRunner(FakeGateway(), serve_settings(rounds=4), prompts)
-    assert runner.slices(1) == [range(0, 2), range(2, 5), range(5, 7), range(7, 10)]
-    assert runner.slices(2) == [range(0, 5), range(5, 10)]
-    assert runner.slices(8) == [range(0, 10)]
+    runner = LoadRunner(FakeGateway(), serve_settings(rounds=4), [])
+    assert runner.slices(10, 1) == [range(0, 2), range(2, 5), range(5, 7), range(7, 10)]
+    assert runner.slices(10, 2) == [range(0, 5), range(5, 10)]
+    assert runner.slices(10, 8) == [range(0, 10)]
 
 
 async def test_a_load_run_covers_every_method_and_concurrency_and_counts_failures():
-    runner = LoadRunner(FakeGateway(fail_methods={"ngram"}), serve_settings(), PROMPTS)
+    later = [Prompt(str(i), "coding", f"question {i}") for i in range(4, 8)]
+    runner = LoadRunner(FakeGateway(fail_methods={"ngram"}), serve_settings(), [PROMPTS, later])
     records = await runner.run()
     assert len(records) == 2 * 2 * 4
     assert {(r.system, r.concurrency) for r in records} == {(m, c) for m in ("none", "ngram") for c in (1, 3)}
+    # each level its own prompts, every method the same ones
+    for concurrency, prompts in ((1, PROMPTS), (3, later)):
+        for method in ("none", "ngram"):
+            assert sorted(r.prompt_id for r in records if (r.system, r.concurrency) == (method, concurrency)) == [
+                p.prompt_id for p in prompts]
     assert sum(not r.ok for r in records) == 8
