@@ -6,6 +6,8 @@ seeded exponential spacing of mean 1/rate; at most `concurrency` are in flight,
 and one due while the cap is reached waits client-side (its latency is timed
 from when it is sent, as vLLM's benchmark does).
 
+Each level has prompts of its own (`prompts.level_prompts`), and every method gets the same ones.
+
 Rounds: a level's prompts are split into `rounds` slices, and the methods take
 turns over each slice, in an order rotated from one round to the next (with two
 methods: A B B A ...). A shared machine drifts by several percent over minutes;
