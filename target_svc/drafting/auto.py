@@ -11,7 +11,9 @@ step at batch 1) is asked. What a drafter is expected to gain a sequence is the 
 of it, with the record counted as PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean
 of the sequence's asks alone, weighing the newest a quarter, fell below zero within a few empty asks and
 handed the sequence to a drafter that offered nothing (lookahead, whose window does not pay at batch 1 on a
-CPU: a fifth of the asks of Spec-Bench's sequences went to it). Every
+CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's asks count for up to ~20
+(MEMORY): counting for ~5 beside the record's 2, a record that had come out high on a few asks kept
+sequences on a drafter their own asks showed gained them nothing, in one run of two alike. Every
 EXPLORE_EVERY asks the one asked longest ago, so a drafter that starts to pay later (a text turning
 repetitive) is found. A drafter the deployment has no record of yet is tried TRIALS times first. The
 drafters' own gates still decide whether a step asks at all.
