@@ -2,14 +2,14 @@
 
 One step, for every running sequence at once: ask the drafters (with a
 deadline), plan the step within a token budget (`max_step_tokens`: decodes
-first, each with its draft, then prompt chunks), run ONE forward pass, verify,
-roll back rejected KV entries and stream the committed tokens. KV blocks are
-taken as sequences grow; when a step's decodes do not fit, their drafts go
-first, then the newest sequences are preempted (blocks freed, recomputed from
-their tokens later, the output unchanged). Model compute runs on a worker
-thread, never on the event loop. An error that belongs to one sequence fails
-that sequence only; a step stuck on the worker thread fails the requests
-waiting on it with DEADLINE_EXCEEDED.
+first, each with its draft, then prompt chunks, the most overdue prompt
+first), run ONE forward pass, verify, roll back rejected KV entries and
+stream the committed tokens. KV blocks are taken as sequences grow; when a
+step's decodes do not fit, their drafts go first, then the newest sequences
+are preempted (blocks freed, recomputed from their tokens later, the output
+unchanged). Model compute runs on a worker thread, never on the event loop.
+An error that belongs to one sequence fails that sequence only; a step stuck
+on the worker thread fails the requests waiting on it with DEADLINE_EXCEEDED.
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ ADMISSION_WATERMARK = 0.01
 # joining prompts' remaining work over DRAIN_STEPS, so that a queue built up (a burst; a closed loop
 # whose arrivals slowed because its batch shrank) drains. But a step never grows past MAX_STRETCH times
 # the decoding part: one long prompt, or a burst of them, must not slow every stream for many steps.
-# The oldest prompts go first, the step's first chunk at least MIN_PREFILL_CHUNK tokens; with nothing
-# decoding a step takes whatever its token budget holds.
+# The most overdue prompts go first (`_most_overdue_first`), the step's first chunk at least
+# MIN_PREFILL_CHUNK tokens; with nothing decoding a step takes whatever its token budget holds.
 STEP_STRETCH = 3.0
 PREFILL_PACE = 1.25
 DRAIN_STEPS = 16
@@ -306,8 +306,8 @@ class Scheduler:
               plain_seconds: float) -> list[Scheduled]:
         """The step's work within the token budget and the free KV blocks: every decode (with the windows
         that pay at this load; drafts and windows trimmed to the budget, dropped and then the newest sequences
-        preempted where memory is short), then prompt chunks of the running sequences, then newly admitted
-        ones, in order; then the drafts cut to what raises the step's goodput by the cost model."""
+        preempted where memory is short), then prompt chunks, the most overdue first, admitting waiting
+        sequences as their turn comes; then the drafts cut to what raises the step's goodput by the cost model."""
         decoding = [Scheduled(s, d) if (d := drafts.get(s.request_id)) else Scheduled(s) for s in decodes]
         self._add_windows(decoding, asked, plain_seconds)
         decoding = self._fit_decodes(decoding)
@@ -318,28 +318,37 @@ class Scheduler:
         return decoding + prefilling
 
     def _plan_prefills(self, decoding: list[Scheduled]) -> list[Scheduled]:
-        in_prefill = [s for s in self._running if s.in_prefill]
         room = max(self._max_num_seqs - len(self._running), 0)
-        joining = in_prefill + list(itertools.islice(self._waiting, room))  # the prompts this batch takes in
+        joining = [s for s in self._running if s.in_prefill] + list(itertools.islice(self._waiting, room))
         budget = _PrefillBudget(self._max_step_tokens - sum(item.end - item.seq.num_computed for item in decoding),
                                 self._prefill_seconds(decoding, joining))
         free = self._runner.allocator.num_free_blocks - sum(self._new_blocks(item) for item in decoding)
-        prefilling: list[Scheduled] = []
-        for seq in in_prefill:
-            item = self._chunk(seq, budget, free, first=not prefilling)
-            if item is None:  # the budget or the memory is spent: later prompts, new ones too, wait their turn
-                return prefilling
-            prefilling.append(item)
-            free -= self._new_blocks(item)
         watermark = math.ceil(ADMISSION_WATERMARK * self._runner.allocator.num_blocks)
-        while self._waiting and len(self._running) < self._max_num_seqs:
-            item = self._chunk(self._waiting[0], budget, free - watermark, first=not prefilling)
-            if item is None:
+        prefilling: list[Scheduled] = []
+        for seq in self._most_overdue_first(joining):
+            admitting = seq.status is SequenceStatus.WAITING
+            item = self._chunk(seq, budget, free - watermark * admitting, first=not prefilling)
+            if item is None:  # the budget or the memory is spent: the prompts after it wait their turn
                 break
-            self._admit(self._waiting.popleft())
+            if admitting:
+                self._waiting.remove(seq)
+                self._admit(seq)
             prefilling.append(item)
             free -= self._new_blocks(item)
         return prefilling
+
+    def _most_overdue_first(self, joining: list[Sequence]) -> list[Sequence]:
+        """The joining prompts by response ratio, highest first: (seconds waited + prompt work left) / work
+        left, the work by the cost model. Among prompts that arrived together the shortest goes first, which
+        brings the most first tokens soonest; a long one's ratio climbs as it waits, so it is not passed
+        over for ever (waited its work's worth, it goes before a new prompt of any length). A preempted
+        sequence counts its wait from its request's arrival."""
+        now = time.perf_counter()
+
+        def ratio(seq: Sequence) -> float:
+            work = max(self._cost.chunk_seconds(seq.num_computed, seq.prefill_target - seq.num_computed), MIN_SECONDS)
+            return (now - seq.clock.started + work) / work
+        return sorted(joining, key=ratio, reverse=True)
 
     def _add_windows(self, decoding: list[Scheduled], asked: set[str], plain_seconds: float) -> None:
         """Each asked sequence's window, if its drafter has one and what the window is expected to bring

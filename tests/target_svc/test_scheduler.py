@@ -1,6 +1,7 @@
 """The scheduler's step loop on a tiny random model: what one sequence does never breaks another."""
 import asyncio
 import contextlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specd.drafts import DraftTree
+from specd.latency import TokenClock
 from specd.errors import InternalError, ResourceExhausted
 from specd.options import OptionSchema
 from specd.types import SamplingParams, SpeculativeConfig
@@ -258,6 +260,33 @@ async def test_waiting_prompts_are_priced_against_the_batch_they_build_not_the_f
         assert sum(seq.num_computed > 0 for seq in waiting) >= 8
 
 
+async def test_of_prompts_that_arrive_together_the_shortest_is_prefilled_first(tiny_model_dir):
+    cost = measured_cost(lambda shape: 0.020 + 0.008 * shape.tokens)  # 20 ms a step plus 8 ms a token
+    async with bf16_scheduler(tiny_model_dir, cost_model=cost, max_num_seqs=4, max_step_tokens=64) as scheduler:
+        long, short = sequence("long", prompt_of(1, 200), max_tokens=1), sequence("short", max_tokens=1)
+        scheduler.submit(long)
+        scheduler.submit(short)
+        first = await asyncio.wait([asyncio.ensure_future(long.outputs.get()),
+                                    asyncio.ensure_future(short.outputs.get())], return_when=asyncio.FIRST_COMPLETED)
+        # The 8-token prompt went in the first step beside 56 of the long one's, and has its token 3 steps early.
+        assert short.num_output == 1 and long.num_output == 0
+        await asyncio.wait(first[1])
+
+
+async def test_a_long_prompt_that_has_waited_its_work_goes_before_a_short_one_just_arrived(tiny_model_dir):
+    cost = measured_cost(lambda shape: 0.020 + 0.008 * shape.tokens)
+    async with bf16_scheduler(tiny_model_dir, cost_model=cost, max_num_seqs=4, max_step_tokens=64) as scheduler:
+        # 1.6 s of prompt work, waited 10 s (its response ratio 7.2, the short prompt's about 1).
+        long = Sequence("long", prompt_of(1, 200), SamplingParams(max_tokens=1), NO_SPECULATION, 1,
+                        eos_token_ids=frozenset(), clock=TokenClock(time.perf_counter() - 10))
+        short = sequence("short", max_tokens=1)
+        scheduler.submit(short)
+        scheduler.submit(long)
+        await long.outputs.get()
+        await short.outputs.get()
+        assert short.scheduled_at > long.scheduled_at
+
+
 async def test_one_long_prompt_is_a_burst_not_a_load_its_pace_never_makes_a_step_eight_decoding_steps(
         tiny_model_dir):
     cost = measured_cost(lambda shape: 0.020 + 0.008 * shape.tokens)  # 20 ms a step plus 8 ms a token
@@ -284,8 +313,10 @@ async def test_when_the_kv_cache_runs_out_the_newest_sequences_are_preempted_and
             *(run_to_end(scheduler, sequence(name, p, max_tokens=20)) for name, p in prompts.items()))))
     speculative = SpeculativeConfig(method="oracle", num_speculative_tokens=4) if speculate else NO_SPECULATION
     sources = [Oracle(expected)] if speculate else []
-    # 48 tokens of cache for four sequences of up to 37: they cannot all be held at once.
-    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=48, sources=sources) as scheduler:
+    # 96 tokens of cache for four sequences of up to 37: they cannot all be held at once, while any two hold
+    # their drafts beside them (in less, whichever two go first had their drafts dropped for memory at
+    # every step, and the gate learned that asks gain nothing).
+    async with bf16_scheduler(tiny_model_dir, kv_cache_tokens=96, sources=sources) as scheduler:
         seqs = {name: Sequence(name, p, SamplingParams(max_tokens=20), speculative, 20, eos_token_ids=frozenset())
                 for name, p in prompts.items()}
         got = dict(zip(seqs, await asyncio.gather(*(run_to_end(scheduler, s) for s in seqs.values()))))
