@@ -62,7 +62,7 @@ ADMISSION_WATERMARK = 0.01
 # (At 8, a level of `bench serve` at 32 clients whose first 32 requests arrived together with 11 long
 # prompts among them ran 16 s of steps of ~650 ms, against a median gap of 128 ms: p99 5.1 times it. At
 # 4, on other prompts after a level at 16 clients: gap p99/p50 1.29 against 2.28 at 8, at the same
-# throughput. Shortest-first prefill keeps TTFT: p50 1.7 s against 1.5 s.)
+# throughput, and with the most overdue prompts first TTFT p50 1.7 s against 1.5 s.)
 # The most overdue prompts go first (`_most_overdue_first`), the step's first chunk at least
 # MIN_PREFILL_CHUNK tokens; with nothing decoding a step takes whatever its token budget holds.
 STEP_STRETCH = 3.0
