@@ -289,14 +289,19 @@ class Scheduler:
                 if seq.chooser is not None:
                     self._metrics.auto_choices.labels(method, why).inc()
                 wanted.setdefault(method, []).append((seq, k))
-        asking = {}
+        asking = {method: group for method, group in wanted.items()
+                  if self._gate(method).worth_asking([s for s, _ in group], len(decodes), plain_seconds,
+                                                     self._step_seconds, drafters=len(wanted))}
+        # The drafters are asked concurrently: while the step waits for the slowest one asked, a drafter whose
+        # round trip is no longer costs it no wait, and rides along.
+        longest = max((self._gate(method).round_trip or 0.0 for method in asking), default=0.0)
         for method, group in wanted.items():
-            sequences = [s for s, _ in group]
-            if self._gate(method).worth_asking(sequences, len(decodes), plain_seconds, self._step_seconds,
-                                               drafters=len(wanted)):
+            if method in asking:
+                continue
+            if self._gate(method).rides_along(longest):
                 asking[method] = group
             else:
-                self._gate(method).skipped(sequences)
+                self._gate(method).skipped([s for s, _ in group])
         if len(asking) < len(wanted):
             self._metrics.drafting_skipped.inc()
         return bool(wanted), asking

@@ -27,6 +27,11 @@ batch 1 (0.73x `none`); by its typical round trip to 2%, 4% (0.96x). Until asks 
 TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat comes a few steps in, and a
 first empty answer says little about what asks gain.
 
+Where the step asks some drafter anyway (another method's sequences wanted it), one whose round trip is
+no longer is asked too, whatever its gate's own judgement: the drafters answer concurrently, so it adds
+no wait, and the cost model verifies only what of its drafts pays (`rides_along`). Under `auto`, whose
+sequences want several drafters, probes that each came in steps of their own then come together.
+
 An ask the drafter left unanswered (it is down, failed, or missed its deadline) says nothing of what its
 drafts gain, nor of its round trip when it answers: it is kept apart. After MISSES_BEFORE_PROBING in a row
 (one is a busy moment: a suffix drafter indexing new prompts missed 3 of 27 asks at 32 clients) the drafter
@@ -89,6 +94,13 @@ class DraftingGate:
             return True
         decoded_meanwhile = self.round_trip * decodes / plain_seconds if plain_seconds > 0 else 0.0
         return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
+
+    def rides_along(self, longest_round_trip: float) -> bool:
+        """Whether to ask in a step that waits `longest_round_trip` seconds for other drafters anyway, if
+        this drafter's round trip is no longer: its drafts cost then only what the cost model keeps of them.
+        Not while it misses asks (its round trip is unknown then)."""
+        return (self.round_trip is not None and self.misses < MISSES_BEFORE_PROBING
+                and self.round_trip <= longest_round_trip)
 
     @staticmethod
     def _probe_every(round_trip: float, step_seconds: float, drafters: int) -> float:

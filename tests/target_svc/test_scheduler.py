@@ -329,18 +329,20 @@ async def test_when_the_kv_cache_runs_out_the_newest_sequences_are_preempted_and
 
 
 class WrongGuesser(Oracle):
-    """Drafts that are always rejected, from a drafter that takes 10 ms to answer; counts its asks."""
+    """Drafts that are always rejected, from a drafter that takes `round_trip` seconds to answer; counts its
+    asks."""
 
     method = "wrong"
     schema = OptionSchema(method)
 
-    def __init__(self):
+    def __init__(self, round_trip: float = 0.010):
         super().__init__({})
+        self.round_trip = round_trip
         self.asks = 0
 
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         self.asks += 1
-        await asyncio.sleep(0.010)
+        await asyncio.sleep(self.round_trip)
         return {seq.request_id: DraftTree.chain([(seq.tokens[-1] + 1) % 64] * k, [0.9] * k) for seq, k in wanted}
 
 
@@ -357,6 +359,38 @@ async def test_a_drafter_whose_drafts_gain_nothing_is_asked_only_now_and_then_an
         # first TYPICAL_EVIDENCE, then once PROBE_EVERY steps have passed unasked
         assert drafter.asks <= TYPICAL_EVIDENCE + 1 + (46 - TYPICAL_EVIDENCE) // (PROBE_EVERY + 1)
         assert metric(scheduler, "specd_drafting_skipped_steps_total") == 46 - drafter.asks
+
+
+class SlowOracle(Oracle):
+    """The oracle, taking a millisecond to answer."""
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        await asyncio.sleep(0.001)
+        return await super().propose(wanted)
+
+
+async def test_a_drafter_no_slower_than_one_the_step_waits_for_is_asked_beside_it_and_changes_nothing(
+        tiny_model_dir):
+    """Drafters are asked concurrently: while a step waits for one whose drafts pay, asking another costs
+    no wait, so a sequence whose drafter's drafts gain nothing is asked in those steps too."""
+    prompts = {"paying": prompt_of(40, 8), "gaining nothing": prompt_of(41, 8)}
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = {"paying": await run_to_end(scheduler, sequence("paying", prompts["paying"], max_tokens=800)),
+                    "gaining nothing": await run_to_end(scheduler, sequence("gaining nothing",
+                                                                              prompts["gaining nothing"],
+                                                                              max_tokens=48))}
+    wrong = WrongGuesser(round_trip=0.0)
+    async with bf16_scheduler(tiny_model_dir, sources=[SlowOracle(expected), wrong]) as scheduler:
+        # sixteen tokens a step, its last draft token wrong: it outlasts the other's 46 steps
+        paying = Sequence("paying", prompts["paying"], SamplingParams(max_tokens=800),
+                          SpeculativeConfig(method="oracle", num_speculative_tokens=16), 800, eos_token_ids=frozenset())
+        unpaying = Sequence("gaining nothing", prompts["gaining nothing"], SamplingParams(max_tokens=48),
+                            SpeculativeConfig(method="wrong", num_speculative_tokens=4), 48, eos_token_ids=frozenset())
+        got = await asyncio.gather(run_to_end(scheduler, paying), run_to_end(scheduler, unpaying))
+        assert got == [expected["paying"], expected["gaining nothing"]]
+        # asked on its own it would be asked at the first TYPICAL_EVIDENCE steps and then once every
+        # PROBE_EVERY + 1 (the test above); beside the oracle's asks, in most of its 46 steps
+        assert wrong.asks > TYPICAL_EVIDENCE + 1 + (46 - TYPICAL_EVIDENCE) // (PROBE_EVERY + 1)
 
 
 class TreeOracle(Oracle):

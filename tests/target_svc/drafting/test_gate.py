@@ -103,6 +103,23 @@ def test_once_a_probe_is_answered_asks_go_by_the_answered_round_trip_again():
     assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
 
 
+def test_a_drafter_rides_along_in_a_step_that_waits_as_long_for_another():
+    """Asked concurrently, a drafter no slower than the one the step waits for costs the step no wait."""
+    gate, seq = seasoned(), sequence("a")
+    gate.asked(0.002, [(seq, 0)])
+    assert gate.rides_along(0.003)
+    assert not gate.rides_along(0.001)  # the step would wait longer for it
+
+
+def test_a_drafter_never_answered_or_missing_asks_does_not_ride_along():
+    assert not DraftingGate().rides_along(1.0)  # what it takes to answer is not known yet
+    gate, seq = seasoned(), sequence("a")
+    gate.asked(0.002, [(seq, 0)])
+    for _ in range(MISSES_BEFORE_PROBING):
+        gate.went_unanswered(0.050)
+    assert not gate.rides_along(1.0)  # down or overloaded: it could cost the step its deadline
+
+
 def test_drafts_gaining_more_than_the_round_trip_costs_are_asked_for():
     gate, seqs = seasoned(), [sequence("a"), sequence("b")]
     gate.asked(0.002, [(seqs[0], 1), (seqs[1], 0)])
