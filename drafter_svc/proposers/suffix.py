@@ -1,9 +1,11 @@
 """Suffix decoding (Oliaro et al., SuffixDecoding; ArcticInference's suffix_decoding, vLLM's `suffix`
 method): continue the text the way its latest tokens continued before.
 
-Two suffix trees count what followed what: one per request over its prompt and output, and one
-global tree over the outputs of earlier requests (the newest `max_cached_requests` of them). A tree
-holds every substring of up to `TREE_DEPTH` tokens, each node counting the occurrences through it.
+Suffix trees count what followed what: one per request over its prompt and output, one global tree
+over the outputs of earlier requests (the newest `max_cached_requests` of them), and the warm corpus
+the deployment starts from (`corpus_index`: searched as a tree, kept as a suffix array, so a corpus of
+millions of tokens fits). A tree holds every substring of up to `TREE_DEPTH` tokens, each node counting
+the occurrences through it.
 To propose, the last `match_len` tokens of the sequence are looked up in each tree for every
 `match_len` that occurs; from the node reached, the likeliest continuations are expanded best first
 (a child's chance is its share of its siblings' counts, a node's the product down its path) while a
@@ -19,6 +21,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.proposers.corpus_index import CorpusIndex
 from drafter_svc.proposers.suffix_tree import TREE_DEPTH, Speculation, SuffixTree, speculate
 from drafter_svc.proposers.text_index import TextIndex
 from drafter_svc.sequences import SequenceState
@@ -46,15 +49,15 @@ class SuffixProposer:
 
     def __init__(self, max_cached_requests: int = MAX_CACHED_REQUESTS, max_global_nodes: int = MAX_GLOBAL_NODES,
                  warm_outputs: Iterable[list[int]] = ()):
-        """`warm_outputs`: outputs the global tree starts with, oldest first (drafter_svc.warm_corpus)."""
+        """`warm_outputs`: the warm corpus (drafter_svc.warm_corpus), drafted from beside the global tree
+        and never pushed out by what is served."""
         self.max_cached_requests = max_cached_requests
         if max_cached_requests == 0:  # no global tree: whole outputs teach it nothing
             self.schema = dataclasses.replace(SuffixProposer.schema, learns_outputs=False)
         self.max_global_nodes = max_global_nodes
         self.global_tree = SuffixTree()
         self._cached: deque[list[int]] = deque()  # the outputs in the global tree, oldest first
-        for output in warm_outputs:
-            self._remember(output)
+        self.corpus = CorpusIndex(list(warm_outputs), TREE_DEPTH)
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         return [self._propose_one(request) for request in batch]
@@ -74,7 +77,8 @@ class SuffixProposer:
             self.global_tree.remove(self._cached.popleft())
 
     def sizes(self) -> dict[str, int]:
-        return {"global_tree_nodes": self.global_tree.num_nodes, "global_tree_requests": len(self._cached)}
+        return {"global_tree_nodes": self.global_tree.num_nodes, "global_tree_requests": len(self._cached),
+                "corpus_tokens": self.corpus.num_tokens}
 
     def _propose_one(self, request: DraftRequest) -> DraftTree:
         seq, options = request.sequence, request.options
@@ -85,12 +89,13 @@ class SuffixProposer:
             local = seq.proposer_state = TextIndex(TREE_DEPTH, seq.epoch)
         local.sync(seq.tokens)
         longest = options["max_tree_depth"]
-        candidates = local.matches(seq.tokens, longest) + self.global_tree.matches(seq.tokens, longest)
+        candidates = [*local.matches(seq.tokens, longest), *self.global_tree.matches(seq.tokens, longest),
+                      *self.corpus.matches(seq.tokens, longest)]
         best = Speculation(DraftTree(), 0.0)
         for match_len, node in candidates:
             budget = min(request.max_tokens,
                          math.floor(match_len * options["max_spec_factor"] + options["max_spec_offset"]))
-            if budget <= 0 or not node.children:
+            if budget <= 0:
                 continue
             found = speculate(node, budget, options["min_token_prob"], options["use_tree_spec"], longest)
             if found.score > best.score:

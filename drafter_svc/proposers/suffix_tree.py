@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Protocol
 
 from specd.drafts import ROOT, DraftTree
 
 TREE_DEPTH = 24  # the longest substring a tree holds by default: vLLM's default suffix max_tree_depth
+
+
+class Node(Protocol):
+    """What `speculate` expands: a substring's node, in a tree or in an index that works nodes out when asked."""
+    count: int  # occurrences of the substring
+
+    def continuations(self, min_share: float) -> tuple[int, list[tuple[int, Node]]]:
+        """How often a token followed the substring, and the tokens that did with their nodes: every one, or
+        (an index that finds them without the rest) at least those that did `min_share` of those times."""
 
 
 class SuffixNode:
@@ -22,6 +32,9 @@ class SuffixNode:
 
     def child(self, token: int) -> SuffixNode | None:
         return self.children.get(token) if self.children else None
+
+    def continuations(self, min_share: float) -> tuple[int, list[tuple[int, SuffixNode]]]:
+        return counted(self.children)
 
 
 class SuffixTree:
@@ -105,6 +118,12 @@ class SuffixTree:
         self.generation += 1
 
 
+def counted(children: dict[int, Node] | None) -> tuple[int, list[tuple[int, Node]]]:
+    """A node's `continuations` from its children: how often a token followed it, and every child."""
+    items = list((children or {}).items())
+    return sum(child.count for _, child in items), items
+
+
 def _subtree_size(node: SuffixNode) -> int:
     size, stack = 0, [node]
     while stack:
@@ -119,26 +138,24 @@ class Speculation:
     score: float  # tokens it is expected to have accepted: its nodes' chances summed
 
 
-def speculate(node: SuffixNode, budget: int, min_token_prob: float, tree_mode: bool, max_depth: int) -> Speculation:
+def speculate(node: Node, budget: int, min_token_prob: float, tree_mode: bool, max_depth: int) -> Speculation:
     """The likeliest continuations of the substring `node` ends: best first, each node's chance the
     product of its siblings' count shares down its path, none below `min_token_prob`; a tree of up
     to `budget` nodes, or in path mode a chain that follows each node's likeliest child."""
     tokens, parents, probs, score = [], [], [], 0.0
-    frontier: list[tuple[float, int, int, int, float, SuffixNode, int]] = []  # -chance, tie, parent, token, ...
+    frontier: list[tuple[float, int, int, int, float, Node, int]] = []  # -chance, tie, parent, token, ...
     tie = 0
 
-    def offer(parent_node: SuffixNode, parent: int, chance: float, depth: int) -> None:
+    def offer(parent_node: Node, parent: int, chance: float, depth: int) -> None:
         nonlocal tie
-        children = parent_node.children
-        if not children:
-            return
-        total = sum(child.count for child in children.values())
-        offered = children.items() if tree_mode else [max(children.items(), key=lambda item: item[1].count)]
-        for token, child in offered:
+        total, children = parent_node.continuations(min_token_prob / chance)
+        # the likeliest first, ties by token: the same draft whatever order a node keeps its children in
+        likely = sorted((item for item in children if chance * (item[1].count / total) >= min_token_prob),
+                        key=lambda item: (-item[1].count, item[0]))
+        for token, child in (likely if tree_mode else likely[:1]):
             share = child.count / total
-            if chance * share >= min_token_prob:
-                heapq.heappush(frontier, (-chance * share, tie, parent, token, share, child, depth))
-                tie += 1
+            heapq.heappush(frontier, (-chance * share, tie, parent, token, share, child, depth))
+            tie += 1
 
     offer(node, ROOT, 1.0, 1)
     while frontier and len(tokens) < budget:

@@ -10,6 +10,8 @@ at a time, its children the tokens that follow those places. Its counts are the 
 """
 from __future__ import annotations
 
+from drafter_svc.proposers.suffix_tree import counted
+
 
 class TextIndex:
     """A text and where each of its tokens occurs; substrings of up to `depth` tokens are its nodes."""
@@ -90,3 +92,6 @@ class TextNode:
                         grouped.setdefault(tokens[end + 1], []).append(end + 1)
             self._children = {token: TextNode(self._index, ends, self.length + 1) for token, ends in grouped.items()}
         return self._children
+
+    def continuations(self, min_share: float) -> tuple[int, list[tuple[int, TextNode]]]:
+        return counted(self.children)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 
 from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.proposers.suffix_tree import SuffixNode, SuffixTree, speculate
+from drafter_svc.proposers.suffix_tree import SuffixNode, SuffixTree, counted, speculate
 from drafter_svc.proposers.text_index import TextIndex, TextNode
 from drafter_svc.sequences import SequenceState
 from specd.drafts import DraftTree
@@ -47,6 +47,9 @@ class MergedNode:
                     merged.setdefault(token, []).append(child)
             self._children = {token: merged_node(nodes) for token, nodes in merged.items()}
         return self._children
+
+    def continuations(self, min_share: float) -> tuple[int, list[tuple[int, Node]]]:
+        return counted(self.children)
 
 
 Node = SuffixNode | TextNode | MergedNode  # what `speculate` can expand
@@ -82,13 +85,15 @@ class TrieProposer:
     ), learns_outputs=True)
 
     def __init__(self, max_nodes: int = MAX_TRIE_NODES, warm_outputs: Iterable[list[int]] = ()):
-        """`warm_outputs`: outputs the global trie starts with (drafter_svc.warm_corpus)."""
+        """`warm_outputs`: outputs the global trie starts with (drafter_svc.warm_corpus), in order while they
+        fit in four fifths of its bound (a corpus may hold far more: taking in ~60 us a token, and trimming
+        as it went, a large one would cost a minute at every start)."""
         self.max_nodes = max_nodes
         self.global_trie = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
         for output in warm_outputs:
+            if self.global_trie.num_nodes > 0.8 * self.max_nodes:
+                break
             self.global_trie.add(output)
-            if self.global_trie.num_nodes > self.max_nodes:
-                self._trim()
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         drafts = [self._propose_one(request) for request in batch]

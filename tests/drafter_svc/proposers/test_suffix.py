@@ -1,4 +1,6 @@
-"""Suffix decoding: the counting suffix tree, the best-first expansion, and the proposer's two trees."""
+"""Suffix decoding: the counting suffix tree, the best-first expansion, and the proposer's trees and corpus."""
+import random
+
 import pytest
 
 from drafter_svc.proposers.base import DraftRequest
@@ -101,12 +103,26 @@ def test_the_global_tree_keeps_only_the_newest_outputs():
     assert not SuffixProposer(max_cached_requests=0).sizes()["global_tree_nodes"]
 
 
-def test_a_warm_start_drafts_from_its_outputs_as_from_finished_requests_and_they_go_first():
-    proposer = SuffixProposer(max_cached_requests=2, warm_outputs=[[10, 11, 12, 13], [20, 21, 22, 23]])
-    assert proposer.sizes()["global_tree_requests"] == 2
+def test_a_warm_corpus_drafts_as_finished_requests_would_and_what_is_served_does_not_push_it_out():
+    proposer = SuffixProposer(max_cached_requests=1, warm_outputs=[[10, 11, 12, 13], [20, 21, 22, 23]])
+    assert proposer.sizes()["corpus_tokens"] == 8 and proposer.sizes()["global_tree_requests"] == 0
     assert proposer.propose([request([1, 2, 20, 21, 22], prompt_length=2)])[0].token_ids == (23,)
-    proposer.release(request([40, 41, 30, 31, 32], prompt_length=2).sequence)
-    assert not proposer.propose([request([5, 10, 11])])[0]  # the oldest warm output made room
+    for first in (30, 40):
+        proposer.release(request([5, first, first + 1, first + 2], prompt_length=1).sequence)
+    assert proposer.sizes()["global_tree_requests"] == 1
+    assert proposer.propose([request([5, 10, 11])])[0].token_ids == (12, 13)
+
+
+@pytest.mark.parametrize("options", [{}, {"use_tree_spec": False}, {"max_spec_offset": 3, "min_token_prob": 0.05}])
+def test_a_corpus_drafts_what_a_global_tree_of_the_same_outputs_drafts(options):
+    rng = random.Random(0)
+    outputs = [[rng.randrange(6) for _ in range(rng.randint(1, 40))] for _ in range(30)]
+    from_corpus, from_outputs = SuffixProposer(warm_outputs=outputs), SuffixProposer()
+    for output in outputs:
+        from_outputs.release(request([99, *output], prompt_length=1).sequence)
+    for _ in range(200):
+        context = [99, *(rng.randrange(6) for _ in range(rng.randint(1, 12)))]
+        assert from_corpus.propose([request(context, **options)]) == from_outputs.propose([request(context, **options)])
 
 
 def test_it_asks_for_whole_outputs_only_while_it_keeps_them():

@@ -26,4 +26,4 @@ def test_the_corpus_holds_the_targets_greedy_answers_without_their_prompts(chat_
     assert outputs == [sequence[len(prompt):] for prompt, sequence in zip(prompts, whole)]
     assert all(0 < len(output) <= 6 for output in outputs)
     assert warm_corpus.model_of(output) == str(chat_model_dir)
-    assert SuffixProposer(warm_outputs=outputs).sizes()["global_tree_requests"] == 5
+    assert SuffixProposer(warm_outputs=outputs).sizes()["corpus_tokens"] == sum(map(len, outputs))
