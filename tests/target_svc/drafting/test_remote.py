@@ -119,6 +119,18 @@ async def test_a_step_the_drafter_fails_is_draft_free_and_the_next_ask_opens_a_n
         await drafter.stop(grace=0)
 
 
+async def test_an_answer_later_than_the_timeout_is_no_answer_and_the_task_that_asked_goes_on(client, address):
+    drafter = await started_drafter(address, SequenceRegistry())
+    hasty = RemoteDrafter("ngram", address, vocab_size=49152, timeout_s=1e-6, metrics=TargetMetrics())
+    try:
+        assert await hasty.propose([(sequence("s"), 4)]) is None
+        await asyncio.sleep(0.01)  # would raise, had the timeout left a cancellation behind in this task
+        assert "s" in await client.propose([(sequence("s"), 4)])  # the drafter itself answers in time
+    finally:
+        await hasty.close()
+        await drafter.stop(grace=0)
+
+
 async def test_requests_stay_within_the_drafter_api_bounds(client, address):
     held = SequenceRegistry()
     drafter = await started_drafter(address, held)
