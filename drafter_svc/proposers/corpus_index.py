@@ -14,6 +14,8 @@ from bisect import bisect_left, bisect_right
 
 import numpy as np
 
+from drafter_svc.proposers.suffix_tree import suffix_matches
+
 END = -1  # after each text: never a token, sorts before all, so no substring found runs across texts
 
 
@@ -39,15 +41,7 @@ class CorpusIndex:
         return CorpusNode(self, lo, hi, n) if hi > lo else None
 
     def matches(self, tokens: list[int], longest: int) -> list[tuple[int, CorpusNode]]:
-        """(n, node) for each n up to `longest` whose last-n-token substring of `tokens` is in the corpus,
-        shortest first; a substring of one that is, is too, so the search stops at the first n that is not."""
-        found = []
-        for n in range(1, min(longest, self.depth, len(tokens)) + 1):
-            node = self.node(tokens[len(tokens) - n:])
-            if node is None:
-                break
-            found.append((n, node))
-        return found
+        return suffix_matches(self.node, tokens, min(longest, self.depth))
 
 
 class CorpusNode:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
 from specd.drafts import ROOT, DraftTree
@@ -93,15 +94,7 @@ class SuffixTree:
         return node
 
     def matches(self, tokens: list[int], longest: int) -> list[tuple[int, SuffixNode]]:
-        """(n, node) for each n up to `longest` whose last-n-token substring of `tokens` is in the tree;
-        a substring of one that is, is too, so the search stops at the first n that is not."""
-        found = []
-        for n in range(1, min(longest, self.depth, len(tokens)) + 1):
-            node = self.node(tokens[len(tokens) - n:])
-            if node is None:
-                break
-            found.append((n, node))
-        return found
+        return suffix_matches(self.node, tokens, min(longest, self.depth))
 
 
     def prune(self, below: int) -> None:
@@ -116,6 +109,19 @@ class SuffixTree:
                 else:
                     stack.append(child)
         self.generation += 1
+
+
+def suffix_matches(node_of: Callable[[list[int]], Node | None], tokens: list[int],
+                   longest: int) -> list[tuple[int, Node]]:
+    """(n, node) for each n up to `longest` whose last-n-token substring of `tokens` has a node (`node_of`),
+    shortest first; a substring of one that has, has too, so the search stops at the first n that has not."""
+    found = []
+    for n in range(1, min(longest, len(tokens)) + 1):
+        node = node_of(tokens[len(tokens) - n:])
+        if node is None:
+            break
+        found.append((n, node))
+    return found
 
 
 def counted(children: dict[int, Node] | None) -> tuple[int, list[tuple[int, Node]]]:
