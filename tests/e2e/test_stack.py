@@ -72,15 +72,23 @@ async def test_greedy_speculation_equals_none_equals_transformers_generate(stack
 @pytest.mark.parametrize("method, prompt", [
     ("suffix", "Name four planets of the solar system and one fact about each."),  # no repetition of their own
     ("trie", "Name four rivers of Europe and one city on each.")])
-async def test_drafters_that_learn_across_requests_draft_a_second_from_the_first_ones_output(stack, method, prompt):
+async def test_drafters_that_learn_across_requests_draft_a_later_one_from_the_first_ones_output(stack, method, prompt):
     _, first_ids, first = await _chat(stack.address("gateway"), prompt, method)
-    _, second_ids, second = await _chat(stack.address("gateway"), prompt, method)
-    assert second_ids == first_ids
-    # The first output is in the global tree (trie) now: much of the second is drafted and accepted from it. How
-    # much the target verifies a step depends on how far the method's estimates came true in the stack's earlier
-    # requests, and a draft token must pay with a margin: after other tests' requests, 19 of 40 were seen.
-    assert second.usage.accepted_draft_tokens > max(first.usage.accepted_draft_tokens, len(second_ids) // 3)
-    assert second.usage.verification_steps < first.usage.verification_steps
+    # The first output is in the global tree (trie) now: much of a repeat is drafted and accepted from it. How
+    # often the target asks the drafter depends on what its drafts gained the stack's earlier requests (its gate),
+    # and a draft token must pay with a margin: after other tests' requests, one fresh-clone CI run saw 19 of 40
+    # accepted in the second answer, another 6 (the trie asked only at its probes). Each repeat is counted in
+    # again and gains whenever asked, so the gate opens within a few.
+    def drafted_from_the_first(answer):
+        return answer.usage.accepted_draft_tokens > max(first.usage.accepted_draft_tokens, len(first_ids) // 3)
+
+    for _ in range(3):
+        _, later_ids, later = await _chat(stack.address("gateway"), prompt, method)
+        assert later_ids == first_ids
+        if drafted_from_the_first(later):
+            break
+    assert drafted_from_the_first(later)
+    assert later.usage.verification_steps < first.usage.verification_steps
 
 
 async def test_killing_the_drafter_mid_generation_does_not_fail_the_request(stack):
