@@ -15,8 +15,7 @@ CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's a
 (MEMORY): counting for ~5 beside the record's 2, a record that had come out high on a few asks kept
 sequences on a drafter their own asks showed gained them nothing, in one run of two alike. Every
 EXPLORE_EVERY asks the one asked longest ago, so a drafter that starts to pay later (a text turning
-repetitive) is found; rarely, because an exploring ask mostly goes to a drafter that pays less (at every
-8th ask, on Spec-Bench at batch 1, `auto` was 0.935x `suffix`; at every 32nd, the same hour, 1.00x). A drafter the deployment has no record of yet is tried TRIALS times first. The
+repetitive) is found. A drafter the deployment has no record of yet is tried TRIALS times first. The
 drafters' own gates still decide whether a step asks at all.
 """
 from __future__ import annotations
@@ -30,7 +29,7 @@ from target_svc.drafting.means import warmed
 
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
-EXPLORE_EVERY = 32
+EXPLORE_EVERY = 8
 PRIOR_ASKS = 2.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
 MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
 RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record

@@ -75,8 +75,7 @@ def test_a_dry_spell_does_not_hand_the_sequence_to_a_drafter_that_offers_nothing
         record.observe("suffix", 0.6)
         record.observe("lookahead", 0.0)  # its window does not pay at this load: asking it drafts nothing
     chooser = MethodChooser(["suffix", "lookahead"], record)
-    dry_spell = 16  # asks in a row
-    choices = [ask(chooser, {"suffix": -0.1, "lookahead": 0.0}) for _ in range(dry_spell)]
+    choices = [ask(chooser, {"suffix": -0.1, "lookahead": 0.0}) for _ in range(2 * EXPLORE_EVERY)]
     assert {method for method, why in choices if why == "best"} == {"suffix"}
 
 
