@@ -55,6 +55,18 @@ class DraftTree:
             out.append(prob * (out[parent] if parent != ROOT else 1.0))
         return out
 
+    def matched(self, tokens: list[int]) -> int:
+        """How many of `tokens` (what followed the draft's root) the tree holds as a path from the root: the
+        draft tokens a greedy verification would have accepted."""
+        node, count = ROOT, 0
+        for token in tokens:
+            node = next((child for child, (child_token, parent) in enumerate(zip(self.token_ids, self.parents))
+                         if parent == node and child_token == token), None)
+            if node is None:
+                break
+            count += 1
+        return count
+
     def depths(self) -> list[int]:
         """Each node's depth: 1 for the root's children."""
         out: list[int] = []

@@ -30,6 +30,7 @@ from specd.drafts import ROOT, DraftTree
 from specd.errors import DeadlineExceeded, InternalError, ResourceExhausted, Unavailable
 from specd.types import FINISH_REASON_NAMES
 from target_svc.drafting.base import Window
+from target_svc.drafting.auto import ShadowDraft
 from target_svc.drafting.drafters import Answers, Drafters
 from target_svc.cost_model import StepCostModel, StepShape
 from target_svc.drafting.calibration import AcceptanceCalibration
@@ -221,14 +222,15 @@ class Scheduler:
         # drafts, windows and round trips are weighed against this, in the tokens it decodes per second.
         plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes)) + self._host_seconds
         wanting, asking = self._asking(decodes, plain_seconds)
+        shadows = self._shadows(asking)
         round_trip, answers = 0.0, Answers.none()
         if asking:
             asked = time.perf_counter()
-            answers = await self._drafters.propose([pair for group in asking.values() for pair in group])
+            answers = await self._drafters.propose([pair for group in asking.values() for pair in group], shadows)
             round_trip = time.perf_counter() - asked
         self._round_trip = _moved(self._round_trip, round_trip)
         asked_ids = {seq.request_id for group in asking.values() for seq, _ in group}
-        plan = self._plan(decodes, answers.drafts, asked_ids, plain_seconds)
+        plan = self._plan(decodes, answers, asked_ids, plain_seconds)
         if not plan:
             return
         outcomes = await self._compute(plan)
@@ -262,6 +264,8 @@ class Scheduler:
                 if item.draft:
                     self._calibration.observe(item.seq.drafting_method, item.draft, outcome.num_accepted)
                 self._commit(item.seq, item.draft, outcome)
+                if item.seq.chooser is not None:
+                    item.seq.chooser.settle(item.seq.tokens, item.seq.status == SequenceStatus.FINISHED)
         self._metrics.realized_step_tokens.inc(realized)
         # What every step costs besides its forward: planning, committing, streaming the tokens out (on
         # this thread, partly while the forward runs). A plain step takes it too, so it is part of what
@@ -306,23 +310,33 @@ class Scheduler:
             self._metrics.drafting_skipped.inc()
         return bool(wanted), asking
 
+    def _shadows(self, asking: dict[str, list[tuple[Sequence, int]]]) -> list[tuple[Sequence, int, str]]:
+        """(sequence, draft budget, method) for each drafter an asked `auto` sequence's chooser wants asked
+        beside its choice, to score it without verifying its draft."""
+        shadows = []
+        for seq, k in itertools.chain.from_iterable(asking.values()):
+            for method in seq.chooser.shadows if seq.chooser is not None else ():
+                self._metrics.auto_choices.labels(method, "shadow").inc()
+                shadows.append((seq, k, method))
+        return shadows
+
     def _gate(self, method: str) -> DraftingGate:
         return self._gates.setdefault(method, DraftingGate())
 
     # -- planning a step ------------------------------------------------------
 
-    def _plan(self, decodes: list[Sequence], drafts: dict[str, DraftTree], asked: set[str],
+    def _plan(self, decodes: list[Sequence], answers: Answers, asked: set[str],
               plain_seconds: float) -> list[Scheduled]:
         """The step's work within the token budget and the free KV blocks: every decode (with the windows
         that pay at this load; drafts and windows trimmed to the budget, dropped and then the newest sequences
         preempted where memory is short), then prompt chunks, the most overdue first, admitting waiting
         sequences as their turn comes; then the drafts cut to what raises the step's goodput by the cost model."""
-        decoding = [Scheduled(s, d) if (d := drafts.get(s.request_id)) else Scheduled(s) for s in decodes]
+        decoding = [Scheduled(s, d) if (d := answers.drafts.get(s.request_id)) else Scheduled(s) for s in decodes]
         self._add_windows(decoding, asked, plain_seconds)
         decoding = self._fit_decodes(decoding)
         self._metrics.window_tokens.labels("ran").inc(sum(len(item.window or ()) for item in decoding))
         prefilling = self._plan_prefills(decoding)
-        self._choose_drafts(decoding, prefilling)
+        self._choose_drafts(decoding, prefilling, answers.shadows)
         self._metrics.prefill_chunks.inc(sum(item.end < item.seq.prefill_target for item in prefilling))
         return decoding + prefilling
 
@@ -392,16 +406,18 @@ class Scheduler:
         wanted = max((STEP_STRETCH - 1) * decoding_part, PREFILL_PACE * self._prompt_arrivals, backlog / DRAIN_STEPS)
         return min(wanted, (MAX_STRETCH - 1) * decoding_part)
 
-    def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled]) -> None:
+    def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled],
+                       shadows: dict[tuple[str, str], DraftTree]) -> None:
         """The target alone decides how much of each draft to verify: it knows what verifying costs, and
         how far each drafter's estimates have come true."""
         base = StepShape.of([(item.seq.num_computed, 1 + len(item.window or ())) for item in decoding]
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
-        choice = choose_drafts([self._calibration.corrected(item.seq.drafting_method, item.draft)
-                                for item in decoding],
-                               [item.seq.num_computed for item in decoding], self._cost, base.tokens,
-                               self._host_seconds)
+        candidates = [self._calibration.corrected(item.seq.drafting_method, item.draft) for item in decoding]
+        cached = [item.seq.num_computed for item in decoding]
+        choice = choose_drafts(candidates, cached, self._cost, base.tokens, self._host_seconds)
         decoded_per_second = len(decoding) / choice.plain_seconds if choice.plain_seconds > 0 else 0.0
+        if shadows:
+            self._price_shadows(decoding, candidates, cached, base.tokens, decoded_per_second, shadows)
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
             item.draft = item.draft.truncated(length)
             item.draft_price = (added + (item.window_seconds if item.window else 0.0)) * decoded_per_second
@@ -409,6 +425,23 @@ class Scheduler:
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
         self._metrics.predicted_step_seconds.inc(self._cost.predict(base) + choice.draft_seconds)
+
+    def _price_shadows(self, decoding: list[Scheduled], candidates: list[DraftTree], cached: list[int],
+                       step_tokens: int, decoded_per_second: float, shadows: dict[tuple[str, str], DraftTree]) -> None:
+        """Each shadow draft as far as this step would have verified it in place of its sequence's draft, and
+        what that would have cost the batch: handed to the sequence's chooser, to score once the sequence's
+        tokens reach past it. One choice per method, its shadows in place of their sequences' drafts."""
+        by_method: dict[str, dict[str, DraftTree]] = {}
+        for (sid, method), draft in shadows.items():
+            by_method.setdefault(method, {})[sid] = draft
+        for method, drafts in by_method.items():
+            instead = [self._calibration.corrected(method, drafts[item.seq.request_id])
+                       if item.seq.request_id in drafts else candidate for item, candidate in zip(decoding, candidates)]
+            choice = choose_drafts(instead, cached, self._cost, step_tokens, self._host_seconds)
+            for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
+                if (draft := drafts.get(item.seq.request_id)) is not None and item.seq.chooser is not None:
+                    item.seq.chooser.shadowed(ShadowDraft(method, len(item.seq.tokens), draft.truncated(length),
+                                                          added * decoded_per_second))
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
         """Drafts, then windows, trimmed to the token budget (every decode keeps its one token); where the

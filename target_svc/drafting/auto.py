@@ -1,46 +1,63 @@
 """`method: auto`: the target picks, for each sequence and step, which of the deployment's drafters to
-ask (`fused` among them: all of them at once), by what each has gained so far, less what waiting for
-its answer costs (an explore/exploit rule over its drafts' gain).
+ask (not `fused`: `Drafters.auto_methods`), by what each has gained so far, less what waiting for its
+answer costs (an explore/exploit rule over its drafts' gain).
 
 A text's best drafter is a property of the text (code repeats its prompt: n-gram; a chat that echoes
 earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter
 has gained the deployment's sequences when asked at set times (`MethodRecord`): the one expected to gain the
 most (its accepted draft tokens, less what verifying them cost the batch, less the tokens its round trip is
-worth: `fused` waits for the slowest of several drafters, measured 2-2.6 ms against ~1 ms for one, on a 12 ms
-step at batch 1) is asked. What a drafter is expected to gain a sequence is the sequence's own recent asks
+worth: a drafter service's ~1 ms on a 12 ms step at batch 1, a draft model's several) is asked. What a drafter is expected to gain a sequence is the sequence's own recent asks
 of it, with the record counted as PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean
 of the sequence's asks alone, weighing the newest a quarter, fell below zero within a few empty asks and
 handed the sequence to a drafter that offered nothing (lookahead, whose window does not pay at batch 1 on a
 CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's asks count for up to ~20
-(MEMORY): counting for ~5 beside the record's 2, a record that had come out high on a few asks kept
-sequences on a drafter their own asks showed gained them nothing, in one run of two alike. Every
-EXPLORE_EVERY asks the one asked longest ago, so a drafter that starts to pay later (a text turning
-repetitive) is found. A drafter the deployment has no record of yet is tried TRIALS times first. The
-drafters' own gates still decide whether a step asks at all.
+(MEMORY), the record for 8: scored at shadow steps (below), it compares the drafters at the same steps of
+every sequence, and at 2 the sequences' few noisy asks moved them among drafters of about the same worth.
+
+Every SHADOW_EVERY asks, the other drafters that draft from tokens by a round trip (`shadowable`) are asked
+beside the chosen one, and their drafts, never verified,
+are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the path a greedy verification
+would have accepted, less what verifying the draft would have cost). A drafter is thus compared with the
+others at the same steps of the same text, and the deployment's record learns from every drafter at once,
+for the price of a concurrent round trip. (Exploring instead by a verified ask of the drafter asked longest
+ago, every 8th ask went to a drafter that mostly paid less, and the record heard from each drafter once in
+~40 asks: on a fresh stack its first prompts' asks went to drafters that had come out well in two trials,
+and `auto` drafted a fifth of what `suffix` did on them; 0.935x `suffix` overall. Every 32nd ask, it settled
+on `ngram` for two thirds of its asks, 0.94x.) Only a drafter whose drafts cannot be scored apart
+(lookahead: its window must run in the forward) is still explored by a verified ask, every EXPLORE_EVERY.
+A drafter the deployment has no record of yet is tried TRIALS times first. The drafters' own gates still
+decide whether a step asks at all.
+
+Scoring by the greedy path is exact for greedy requests; for sampled ones it estimates (a drafted token
+the sampler did not pick could still have been accepted).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
+from specd.drafts import DraftTree
 from specd.options import OptionSchema
 from specd.types import AUTO_METHOD
 from target_svc.drafting.means import warmed
 
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
-EXPLORE_EVERY = 8
-PRIOR_ASKS = 2.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
+SHADOW_EVERY = 8  # asks between those that ask the other shadowable drafters alongside
+EXPLORE_EVERY = 32  # asks between verified asks of a drafter that cannot be shadowed
+PRIOR_ASKS = 8.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
 MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
 RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record
 
 
 class MethodRecord:
     """What an ask of each drafter has gained any `auto` sequence of the deployment, a moving mean: where a
-    new sequence's choice starts. Only trials and explorations count: they ask a drafter at times set by the
-    count of asks, whatever it has been gaining, while a "best" ask comes when the drafter was paying that
-    sequence, and counting those lifted the record of whichever drafters had runs (measured per ask over 13
-    Spec-Bench prompts: `trie`'s record 0.78 tokens, `suffix`'s 0.34, though `suffix` alone was the faster)."""
+    new sequence's choice starts. Only asks at times set by the count of asks count (trials, explorations,
+    and every drafter at a shadow step), whatever the drafter has been gaining; a "best" ask comes when the
+    drafter was paying that sequence, and counting those lifted the record of whichever drafters had runs
+    (measured per ask over 13 Spec-Bench prompts: `trie`'s record 0.78 tokens, `suffix`'s 0.34, though
+    `suffix` alone was the faster)."""
 
     def __init__(self):
         self.gain: dict[str, float] = {}
@@ -53,46 +70,94 @@ class MethodRecord:
         self.gain[method] = warmed(self.gain.get(method), gain, asks, RECORD_SMOOTHING)
 
 
-class MethodChooser:
-    """One auto sequence's choice among `methods`."""
+@dataclass(frozen=True)
+class ShadowDraft:
+    """A draft asked for beside the chosen drafter's and not verified: `draft` as far as the target would
+    have verified it, proposed after the sequence's first `anchor` tokens, and `price`, the decode tokens
+    verifying it would have cost the batch."""
+    method: str
+    anchor: int
+    draft: DraftTree
+    price: float
 
-    def __init__(self, methods: list[str], record: MethodRecord | None = None):
+    def gain(self, tokens: list[int], finished: bool) -> float | None:
+        """What it would have gained, once the sequence's `tokens` are known as deep as the draft reaches
+        (or the sequence finished); None before."""
+        followed = tokens[self.anchor:]
+        if not finished and len(followed) < max(self.draft.depths(), default=0):
+            return None
+        return self.draft.matched(followed) - self.price
+
+
+class MethodChooser:
+    """One auto sequence's choice among `methods`; those in `shadowable` can be scored without being verified."""
+
+    def __init__(self, methods: list[str], record: MethodRecord | None = None,
+                 shadowable: frozenset[str] = frozenset()):
         self._methods = list(methods)
         self._record = record if record is not None else MethodRecord()
+        self._shadowable = [m for m in methods if m in shadowable]
         # Per method this sequence asked: its gains and its asks, the earlier ones weighing MEMORY less at each ask.
         self._gains: dict[str, float] = {}
         self._weights: dict[str, float] = {}
         self._last_asked = {method: -1 for method in methods}
         self._total_asks = 0
+        self._pending: list[ShadowDraft] = []
         self.current = self._methods[0]  # the latest choice
         self._why = "trial"  # and why it was made
+        self.shadows: list[str] = []  # the drafters to ask beside it, their drafts to be scored, not verified
 
     def choose(self, round_trip_cost: Mapping[str, float] = MappingProxyType({})) -> tuple[str, str]:
-        """The method to ask this step, and why: "trial", "explore" or "best". `round_trip_cost`: by method,
-        the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
+        """The method to ask this step, and why: "trial", "explore" or "best" (with `shadows` set). `round_trip_cost`:
+        by method, the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
         self.current, self._why = self._choice(round_trip_cost)
+        shadow_step = self._why == "best" and self._total_asks % SHADOW_EVERY == SHADOW_EVERY - 1
+        self.shadows = [m for m in self._shadowable if m != self.current] if shadow_step else []
         return self.current, self._why
 
     def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
         untried = [m for m in self._methods if self._record.asks.get(m, 0) < TRIALS]
         if untried:
             return min(untried, key=lambda m: (self._record.asks.get(m, 0), self._methods.index(m))), "trial"
-        if len(self._methods) > 1 and self._total_asks % EXPLORE_EVERY == EXPLORE_EVERY - 1:
-            return min(self._methods, key=lambda m: self._last_asked[m]), "explore"
+        unshadowable = [m for m in self._methods if m not in self._shadowable]
+        if (len(self._methods) > 1 and unshadowable
+                and self._total_asks % EXPLORE_EVERY == EXPLORE_EVERY - 1):
+            return min(unshadowable, key=lambda m: self._last_asked[m]), "explore"
         return max(self._methods, key=lambda m: (self._expected(m) - round_trip_cost.get(m, 0.0),
                                                  -self._methods.index(m))), "best"
 
     def _expected(self, method: str) -> float:
         """What an ask of `method` is expected to gain: the sequence's recent asks of it and the deployment's
-        record, which counts as PRIOR_ASKS asks."""
-        return ((PRIOR_ASKS * self._record.gain[method] + self._gains.get(method, 0.0))
-                / (PRIOR_ASKS + self._weights.get(method, 0.0)))
+        record, which counts as the asks it holds, up to PRIOR_ASKS (a drafter that cannot be shadowed is on
+        the record by few asks for long: lifted by a lucky trial, at 8 it kept sequences on `lookahead`
+        for a sixth of their asks)."""
+        prior = min(PRIOR_ASKS, self._record.asks[method])
+        return ((prior * self._record.gain[method] + self._gains.get(method, 0.0))
+                / (prior + self._weights.get(method, 0.0)))
 
     def observe(self, method: str, gain: float) -> None:
         """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft)."""
-        self._gains[method] = MEMORY * self._gains.get(method, 0.0) + gain
-        self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
-        if self._why != "best":
-            self._record.observe(method, gain)
+        self._count(method, gain, on_the_record=self._why != "best" or bool(self.shadows))
         self._last_asked[method] = self._total_asks
         self._total_asks += 1
+
+    def shadowed(self, shadow: ShadowDraft) -> None:
+        """A drafter asked beside the chosen one drafted `shadow` (an empty draft where it had none)."""
+        self._pending.append(shadow)
+
+    def settle(self, tokens: list[int], finished: bool) -> None:
+        """The sequence's tokens so far: the shadow drafts they reach past are scored."""
+        waiting = []
+        for shadow in self._pending:
+            gain = shadow.gain(tokens, finished)
+            if gain is None:
+                waiting.append(shadow)
+            else:
+                self._count(shadow.method, gain, on_the_record=True)
+        self._pending = waiting
+
+    def _count(self, method: str, gain: float, on_the_record: bool) -> None:
+        self._gains[method] = MEMORY * self._gains.get(method, 0.0) + gain
+        self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
+        if on_the_record:
+            self._record.observe(method, gain)

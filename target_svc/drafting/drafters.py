@@ -17,16 +17,18 @@ from target_svc.sequence import Sequence
 
 
 class Answers(NamedTuple):
-    """What one step's asks brought: drafts by sequence id, each asked method's round trip in seconds, and
-    the methods whose drafter did not answer."""
+    """What one step's asks brought: drafts by sequence id, each asked method's round trip in seconds, the
+    methods whose drafter did not answer, and the shadow asks' drafts by (sequence id, method), empty where
+    the drafter answered with none."""
     drafts: dict[str, DraftTree]
     round_trips: dict[str, float]
     unanswered: set[str]
+    shadows: dict[tuple[str, str], DraftTree]
 
     @classmethod
     def none(cls) -> Answers:
         """A step that asked nothing."""
-        return cls({}, {}, set())
+        return cls({}, {}, set(), {})
 
 
 class Drafters:
@@ -55,10 +57,19 @@ class Drafters:
         return {NONE_SCHEMA.method: NONE_SCHEMA, **{m: s.schema for m, s in self._sources.items()}, **auto}
 
     @property
+    def shadowable(self) -> frozenset[str]:
+        """The `auto` drafters whose drafts can be scored without verifying them: all but those whose guesses
+        ride in the forward as a window."""
+        return frozenset(m for m in self.auto_methods if not isinstance(self._sources[m], WindowSource))
+
+    @property
     def auto_methods(self) -> list[str]:
         """The drafters `method: auto` chooses among: all but those that draft from the target's features,
-        which must follow a sequence from its first token."""
-        return [m for m, source in self._sources.items() if not source.schema.wants_features]
+        which must follow a sequence from its first token, and `fused`, whose merged tree matched furthest
+        of all when scored at shadow steps while its asks, waiting on every drafter at once on the target's
+        cores, cost more than its gains counted (chosen for a fifth of the asks: 0.95x `suffix`)."""
+        return [m for m, source in self._sources.items()
+                if not source.schema.wants_features and m != FUSED_METHOD]
 
     def serves(self, seq: Sequence) -> bool:
         """Whether a source here drafts for the sequence's method."""
@@ -71,7 +82,7 @@ class Drafters:
         if seq.speculative.method != AUTO_METHOD:
             return seq.speculative.method, "method"
         if seq.chooser is None:
-            seq.chooser = MethodChooser(self.auto_methods, self._auto_record)
+            seq.chooser = MethodChooser(self.auto_methods, self._auto_record, self.shadowable)
         return seq.chooser.choose(round_trip_cost)
 
     def feature_layers(self, seq: Sequence) -> tuple[int, ...] | None:
@@ -80,9 +91,11 @@ class Drafters:
         source = self._sources.get(seq.speculative.method)
         return source.schema.feature_layers if source is not None and source.schema.wants_features else None
 
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> Answers:
-        """Drafts for every (sequence, k) with k > 0, asking all sources concurrently, each once (a source
-        answers one ask at a time: `fused` sequences join its members' asks)."""
+    async def propose(self, wanted: list[tuple[Sequence, int]],
+                      shadows: list[tuple[Sequence, int, str]] = ()) -> Answers:
+        """Drafts for every (sequence, k) with k > 0, and for every shadow ask (sequence, k, method) a draft
+        kept apart, asking all sources concurrently, each once (a source answers one ask at a time: `fused`
+        sequences and shadow asks join the asks its drafters get anyway)."""
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
         for seq, k in wanted:
             if k > 0 and seq.drafting_method in self._sources:
@@ -92,6 +105,10 @@ class Drafters:
         fused = self._sources.get(FUSED_METHOD)
         for method in (fused.member_methods if fused_group else []):
             asks.setdefault(method, []).extend(fused_group)
+        for seq, k, method in shadows:
+            group = asks.setdefault(method, [])
+            if all(asked is not seq for asked, _ in group):
+                group.append((seq, k))
         replies = await asyncio.gather(*(self._timed(m, group) for m, group in asks.items()))
         answers, answered = Answers.none(), {}
         for method, reply, seconds in replies:
@@ -109,6 +126,9 @@ class Drafters:
             answers.round_trips[FUSED_METHOD] = max(answers.round_trips[m] for m in fused.member_methods)
             if answers.unanswered.issuperset(fused.member_methods):
                 answers.unanswered.add(FUSED_METHOD)
+        for seq, _, method in shadows:
+            if method in answered:
+                answers.shadows[seq.request_id, method] = answered[method].get(seq.request_id, DraftTree())
         return answers
 
     async def _timed(self, method: str,

@@ -77,3 +77,11 @@ def test_a_merge_over_budget_keeps_the_likeliest_nodes_and_places_only_those():
 def test_a_subtree_of_nodes_whose_parents_are_among_them_is_reindexed():
     tree = DraftTree((1, 2, 3, 4), (ROOT, 0, ROOT, 1), (0.5, 0.6, 0.7, 0.8))
     assert tree.subtree([0, 1, 3]) == DraftTree((1, 2, 4), (ROOT, 0, 1), (0.5, 0.6, 0.8))
+
+
+def test_matched_follows_the_tokens_that_came_from_the_root_down_the_branch_that_holds_them():
+    tree = DraftTree((5, 6, 7, 8), (-1, -1, 1, 2), (0.5, 0.5, 0.9, 0.9))  # 5 | 6 -> 7 -> 8
+    assert tree.matched([6, 7, 9, 1]) == 2
+    assert tree.matched([6, 7, 8, 1]) == 3
+    assert tree.matched([7, 8]) == 0  # not a child of the root
+    assert tree.matched([]) == 0 and DraftTree().matched([5]) == 0

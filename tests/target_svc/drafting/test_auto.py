@@ -8,8 +8,14 @@ import pytest
 from drafter_svc.server import create_service as create_drafter
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
-from target_svc.drafting.auto import EXPLORE_EVERY, TRIALS, MethodChooser, MethodRecord
+from specd.drafts import DraftTree
+from target_svc.drafting.auto import (EXPLORE_EVERY, SHADOW_EVERY, TRIALS, MethodChooser, MethodRecord,
+                                       ShadowDraft)
+from target_svc.drafting.drafters import Drafters
+from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
+from tests.target_svc.drafting.test_fused import OneAskAtATime
+from tests.target_svc.test_scheduler import sequence
 
 
 def ask(chooser: MethodChooser, gains: dict[str, float]) -> tuple[str, str]:
@@ -38,10 +44,10 @@ def test_after_the_trials_the_drafter_that_gained_most_is_asked():
 
 
 def test_a_drafter_that_gains_a_little_more_but_keeps_the_batch_waiting_longer_is_not_preferred():
-    chooser = past_the_trials({"suffix": 0.40, "fused": 0.45})
-    assert chooser.choose() == ("fused", "best")
-    # fused waits for its slowest member: 2.5 ms against suffix's 1 ms, on a 12 ms step
-    assert chooser.choose({"suffix": 1.0 / 12, "fused": 2.5 / 12}) == ("suffix", "best")
+    chooser = past_the_trials({"suffix": 0.40, "draft_model": 0.45})
+    assert chooser.choose() == ("draft_model", "best")
+    # a draft model's round trip: 2.5 ms against suffix's 1 ms, on a 12 ms step
+    assert chooser.choose({"suffix": 1.0 / 12, "draft_model": 2.5 / 12}) == ("suffix", "best")
 
 
 def test_the_drafter_asked_longest_ago_is_explored_now_and_then_and_can_take_over():
@@ -57,14 +63,14 @@ def test_the_drafter_asked_longest_ago_is_explored_now_and_then_and_can_take_ove
 
 def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_earlier_ones_without_trials():
     record = MethodRecord()
-    first = MethodChooser(["ngram", "suffix", "fused"], record)
+    first = MethodChooser(["ngram", "suffix", "draft_model"], record)
     for _ in range(3 * TRIALS + 8):
-        ask(first, {"ngram": 0.1, "suffix": 0.5, "fused": 1.5})
-    later = MethodChooser(["ngram", "suffix", "fused"], record)
-    assert later.choose() == ("fused", "best")
-    # and its own asks take over from the record: where fused gains this one nothing, it moves on
-    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "fused": 0.0})[0] for _ in range(EXPLORE_EVERY + 2)]
-    assert choices[-1] == "suffix"
+        ask(first, {"ngram": 0.1, "suffix": 0.5, "draft_model": 1.5})
+    later = MethodChooser(["ngram", "suffix", "draft_model"], record)
+    assert later.choose() == ("draft_model", "best")
+    # and its own asks take over from the record: where the draft model gains this one nothing, it moves on
+    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "draft_model": 0.0}) for _ in range(3 * EXPLORE_EVERY)]
+    assert [m for m, why in choices[-8:] if why == "best"] == ["suffix"] * 7
 
 
 def test_a_dry_spell_does_not_hand_the_sequence_to_a_drafter_that_offers_nothing():
@@ -75,7 +81,8 @@ def test_a_dry_spell_does_not_hand_the_sequence_to_a_drafter_that_offers_nothing
         record.observe("suffix", 0.6)
         record.observe("lookahead", 0.0)  # its window does not pay at this load: asking it drafts nothing
     chooser = MethodChooser(["suffix", "lookahead"], record)
-    choices = [ask(chooser, {"suffix": -0.1, "lookahead": 0.0}) for _ in range(2 * EXPLORE_EVERY)]
+    dry_spell = 16  # asks in a row
+    choices = [ask(chooser, {"suffix": -0.1, "lookahead": 0.0}) for _ in range(dry_spell)]
     assert {method for method, why in choices if why == "best"} == {"suffix"}
 
 
@@ -115,6 +122,76 @@ def test_the_record_a_new_sequence_starts_from_counts_the_asks_made_at_set_times
     assert {why for _, why in choices} == {"best", "explore"}
     assert record.gain["ngram"] == pytest.approx(0.5)  # its trials: its run was asked as "best"
     assert record.gain["suffix"] == pytest.approx(0.4)
+
+
+def test_every_few_asks_the_other_drafters_that_can_be_shadowed_are_asked_beside_the_choice():
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        for method in ("ngram", "suffix", "lookahead"):
+            record.observe(method, {"ngram": 1.0, "suffix": 0.5, "lookahead": 0.0}[method])
+    chooser = MethodChooser(["ngram", "suffix", "lookahead"], record, shadowable=frozenset({"ngram", "suffix"}))
+    shadows = []
+    for _ in range(2 * SHADOW_EVERY):
+        method, why = ask(chooser, {"ngram": 1.0, "suffix": 0.5, "lookahead": 0.0})
+        shadows.append(list(chooser.shadows))
+    assert shadows == ([[]] * (SHADOW_EVERY - 1) + [["suffix"]]) * 2  # never lookahead: its window must run
+
+
+def test_a_drafter_that_cannot_be_shadowed_is_still_explored_by_a_verified_ask():
+    chooser = past_the_trials({"suffix": 1.0, "lookahead": 0.0})
+    chooser = MethodChooser(["suffix", "lookahead"], chooser._record, shadowable=frozenset({"suffix"}))
+    choices = [ask(chooser, {"suffix": 1.0, "lookahead": 0.0}) for _ in range(EXPLORE_EVERY)]
+    assert choices.count(("lookahead", "explore")) == 1 and not any(why == "explore" and m == "suffix"
+                                                                     for m, why in choices)
+
+
+def test_a_sequence_held_by_the_record_on_one_drafter_moves_to_the_one_its_shadow_asks_show_gains_more():
+    """The record said n-gram (its trials were lucky); at every shadow step suffix's draft, not verified,
+    would have been accepted further: the sequence's choice and the record follow the shadows."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("ngram", 1.0)
+        record.observe("suffix", 0.0)
+    chooser = MethodChooser(["ngram", "suffix"], record, shadowable=frozenset({"ngram", "suffix"}))
+    tokens = list(range(100))
+    for _ in range(6 * SHADOW_EVERY):
+        method, _ = chooser.choose()
+        for shadow in chooser.shadows:  # suffix drafts the next four tokens right, at a price of half a token
+            chooser.shadowed(ShadowDraft(shadow, len(tokens), DraftTree.chain(list(range(len(tokens),
+                                                                                         len(tokens) + 4))), 0.5))
+        chooser.observe(method, {"ngram": 0.2, "suffix": 3.5}[method])
+        tokens += range(len(tokens), len(tokens) + 5)
+        chooser.settle(tokens, finished=False)
+    assert chooser.choose()[0] == "suffix"
+    assert record.gain["suffix"] > record.gain["ngram"]
+
+
+def test_a_shadow_draft_is_scored_once_the_tokens_reach_past_it_as_far_as_they_match_less_its_price():
+    shadow = ShadowDraft("suffix", 3, DraftTree((7, 8, 9), (-1, 0, 1), (0.9, 0.9, 0.9)), price=0.5)
+    assert shadow.gain([1, 2, 3, 7, 8], finished=False) is None  # its third token's place is not known yet
+    assert shadow.gain([1, 2, 3, 7, 8, 4], finished=False) == pytest.approx(1.5)
+    assert shadow.gain([1, 2, 3, 7], finished=True) == pytest.approx(0.5)  # the sequence ended there
+
+
+async def test_a_shadow_ask_joins_the_ask_its_drafter_gets_anyway_and_its_draft_comes_back_apart():
+    ngram, suffix = OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)
+    drafters = Drafters([ngram, suffix, LookaheadSource()], vocab_size=64)
+    await drafters.start()
+    assert drafters.shadowable == {"ngram", "suffix"}  # lookahead's window must run in the forward
+    seq = sequence("a")
+    seq.speculative = SpeculativeConfig(method="ngram")
+    fused = sequence("b")
+    fused.speculative = SpeculativeConfig(method="fused")  # its ask goes to every drafter: suffix's is shared
+    answers = await drafters.propose([(seq, 2), (fused, 2)], shadows=[(seq, 2, "suffix")])
+    assert ngram.asks == suffix.asks == 1
+    assert answers.drafts["a"] == DraftTree.chain([5], [0.5])  # only the chosen drafter's is verified
+    assert answers.shadows == {("a", "suffix"): DraftTree.chain([6], [0.5])}
+
+
+def test_fused_is_a_method_of_its_own_but_not_one_auto_chooses():
+    drafters = Drafters([OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)], vocab_size=64)
+    asyncio.run(drafters.start())
+    assert "fused" in drafters.methods and drafters.auto_methods == ["ngram", "suffix"]
 
 
 def test_one_drafter_is_always_the_one_asked():
