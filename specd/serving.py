@@ -3,6 +3,7 @@ reflection, graceful shutdown on SIGTERM) and the Prometheus endpoint."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass
@@ -122,6 +123,15 @@ class Service:
             self._metrics_http.shutdown()
 
 
+def freeze_startup_objects() -> None:
+    """Take everything alive now out of the garbage collector's sight for good (vLLM does the same): what a
+    service builds at start-up lives until it stops, and every full collection would walk all of it again.
+    The trie drafter's warm corpus is ~1.6M objects, a full collection over it 0.4-1.3 s on the 2-core
+    EPYC, each one an ask missed. Reference counting still frees what is dropped."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve_until_signalled(service: Service, grace: float = defaults.SHUTDOWN_GRACE_S) -> None:
     """Start `service`, print where it listens, and stop gracefully on SIGTERM or SIGINT."""
     stop = asyncio.Event()
@@ -129,6 +139,7 @@ async def serve_until_signalled(service: Service, grace: float = defaults.SHUTDO
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    freeze_startup_objects()
     print(service.banner(), flush=True)
     await stop.wait()
     log.info("%s: shutting down; in-flight streams have %g s to finish", service.name, grace)
