@@ -14,17 +14,18 @@ CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's a
 (MEMORY), the record for 8: scored at shadow steps (below), it compares the drafters at the same steps of
 every sequence, and at 2 the sequences' few noisy asks moved them among drafters of about the same worth.
 
-Every SHADOW_EVERY asks, the other drafters that draft from tokens by a round trip (`shadowable`) are asked
-beside the chosen one, and their drafts, never verified,
-are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the path a greedy verification
-would have accepted, less what verifying the draft would have cost). A drafter is thus compared with the
-others at the same steps of the same text, and the deployment's record learns from every drafter at once,
-for the price of a concurrent round trip. (Exploring instead by a verified ask of the drafter asked longest
-ago, every 8th ask went to a drafter that mostly paid less, and the record heard from each drafter once in
-~40 asks: on a fresh stack its first prompts' asks went to drafters that had come out well in two trials,
-and `auto` drafted a fifth of what `suffix` did on them; 0.935x `suffix` overall. Every 32nd ask, it settled
-on `ngram` for two thirds of its asks, 0.94x.) Only a drafter whose drafts cannot be scored apart
-(lookahead: its window must run in the forward) is still explored by a verified ask, every EXPLORE_EVERY.
+Every SHADOW_EVERY asks, the other drafters are asked beside the chosen one, and their drafts, never
+verified, are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the path a greedy
+verification would have accepted, less what verifying the draft would have cost). A drafter is thus compared
+with the others at the same steps of the same text, and the deployment's record learns from every drafter at
+once, for the price of a concurrent round trip. (Exploring instead by a verified ask of the drafter asked
+longest ago, every 8th ask went to a drafter that mostly paid less, and the record heard from each drafter
+once in ~40 asks: on a fresh stack its first prompts' asks went to drafters that had come out well in two
+trials, and `auto` drafted a fifth of what `suffix` did on them; 0.935x `suffix` overall. Every 32nd ask, it
+settled on `ngram` for two thirds of its asks, 0.94x.) Lookahead is shadowed by the draft of its n-gram pool,
+which the target makes itself; what its window would add is not scored, since the window runs only in the
+forward of the sequences that chose it (explored instead by a verified ask every 32nd ask, lookahead took ~3%
+of the asks of Spec-Bench's sequences, mostly where `suffix` would have drafted further).
 A drafter the deployment has no record of yet is tried TRIALS times first. The drafters' own gates still
 decide whether a step asks at all.
 
@@ -44,8 +45,7 @@ from target_svc.drafting.means import warmed
 
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
-SHADOW_EVERY = 8  # asks between those that ask the other shadowable drafters alongside
-EXPLORE_EVERY = 32  # asks between verified asks of a drafter that cannot be shadowed
+SHADOW_EVERY = 8  # asks between those that ask the other drafters alongside
 PRIOR_ASKS = 8.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
 MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
 RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record
@@ -53,8 +53,8 @@ RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment'
 
 class MethodRecord:
     """What an ask of each drafter has gained any `auto` sequence of the deployment, a moving mean: where a
-    new sequence's choice starts. Only asks at times set by the count of asks count (trials, explorations,
-    and every drafter at a shadow step), whatever the drafter has been gaining; a "best" ask comes when the
+    new sequence's choice starts. Only asks at times set by the count of asks count (trials, and every
+    drafter at a shadow step), whatever the drafter has been gaining; a "best" ask comes when the
     drafter was paying that sequence, and counting those lifted the record of whichever drafters had runs
     (measured per ask over 13 Spec-Bench prompts: `trie`'s record 0.78 tokens, `suffix`'s 0.34, though
     `suffix` alone was the faster)."""
@@ -90,17 +90,14 @@ class ShadowDraft:
 
 
 class MethodChooser:
-    """One auto sequence's choice among `methods`; those in `shadowable` can be scored without being verified."""
+    """One auto sequence's choice among `methods`."""
 
-    def __init__(self, methods: list[str], record: MethodRecord | None = None,
-                 shadowable: frozenset[str] = frozenset()):
+    def __init__(self, methods: list[str], record: MethodRecord | None = None):
         self._methods = list(methods)
         self._record = record if record is not None else MethodRecord()
-        self._shadowable = [m for m in methods if m in shadowable]
         # Per method this sequence asked: its gains and its asks, the earlier ones weighing MEMORY less at each ask.
         self._gains: dict[str, float] = {}
         self._weights: dict[str, float] = {}
-        self._last_asked = {method: -1 for method in methods}
         self._total_asks = 0
         self._pending: list[ShadowDraft] = []
         self.current = self._methods[0]  # the latest choice
@@ -108,28 +105,24 @@ class MethodChooser:
         self.shadows: list[str] = []  # the drafters to ask beside it, their drafts to be scored, not verified
 
     def choose(self, round_trip_cost: Mapping[str, float] = MappingProxyType({})) -> tuple[str, str]:
-        """The method to ask this step, and why: "trial", "explore" or "best" (with `shadows` set). `round_trip_cost`:
+        """The method to ask this step, and why: "trial" or "best" (with `shadows` set). `round_trip_cost`:
         by method, the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
         self.current, self._why = self._choice(round_trip_cost)
         shadow_step = self._why == "best" and self._total_asks % SHADOW_EVERY == SHADOW_EVERY - 1
-        self.shadows = [m for m in self._shadowable if m != self.current] if shadow_step else []
+        self.shadows = [m for m in self._methods if m != self.current] if shadow_step else []
         return self.current, self._why
 
     def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
         untried = [m for m in self._methods if self._record.asks.get(m, 0) < TRIALS]
         if untried:
             return min(untried, key=lambda m: (self._record.asks.get(m, 0), self._methods.index(m))), "trial"
-        unshadowable = [m for m in self._methods if m not in self._shadowable]
-        if (len(self._methods) > 1 and unshadowable
-                and self._total_asks % EXPLORE_EVERY == EXPLORE_EVERY - 1):
-            return min(unshadowable, key=lambda m: self._last_asked[m]), "explore"
         return max(self._methods, key=lambda m: (self._expected(m) - round_trip_cost.get(m, 0.0),
                                                  -self._methods.index(m))), "best"
 
     def _expected(self, method: str) -> float:
         """What an ask of `method` is expected to gain: the sequence's recent asks of it and the deployment's
-        record, which counts as the asks it holds, up to PRIOR_ASKS (a drafter that cannot be shadowed is on
-        the record by few asks for long: lifted by a lucky trial, at 8 it kept sequences on `lookahead`
+        record, which counts as the asks it holds, up to PRIOR_ASKS (a drafter the record has few asks of
+        stands on them: lifted by a lucky trial and counted as 8, the record kept sequences on `lookahead`
         for a sixth of their asks)."""
         prior = min(PRIOR_ASKS, self._record.asks[method])
         return ((prior * self._record.gain[method] + self._gains.get(method, 0.0))
@@ -138,7 +131,6 @@ class MethodChooser:
     def observe(self, method: str, gain: float) -> None:
         """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft)."""
         self._count(method, gain, on_the_record=self._why != "best" or bool(self.shadows))
-        self._last_asked[method] = self._total_asks
         self._total_asks += 1
 
     def shadowed(self, shadow: ShadowDraft) -> None:

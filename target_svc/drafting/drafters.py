@@ -57,12 +57,6 @@ class Drafters:
         return {NONE_SCHEMA.method: NONE_SCHEMA, **{m: s.schema for m, s in self._sources.items()}, **auto}
 
     @property
-    def shadowable(self) -> frozenset[str]:
-        """The `auto` drafters whose drafts can be scored without verifying them: all but those whose guesses
-        ride in the forward as a window."""
-        return frozenset(m for m in self.auto_methods if not isinstance(self._sources[m], WindowSource))
-
-    @property
     def auto_methods(self) -> list[str]:
         """The drafters `method: auto` chooses among: all but those that draft from the target's features,
         which must follow a sequence from its first token, and `fused`, whose merged tree matched furthest
@@ -82,7 +76,7 @@ class Drafters:
         if seq.speculative.method != AUTO_METHOD:
             return seq.speculative.method, "method"
         if seq.chooser is None:
-            seq.chooser = MethodChooser(self.auto_methods, self._auto_record, self.shadowable)
+            seq.chooser = MethodChooser(self.auto_methods, self._auto_record)
         return seq.chooser.choose(round_trip_cost)
 
     def feature_layers(self, seq: Sequence) -> tuple[int, ...] | None:

@@ -9,8 +9,7 @@ from drafter_svc.server import create_service as create_drafter
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specd.drafts import DraftTree
-from target_svc.drafting.auto import (EXPLORE_EVERY, SHADOW_EVERY, TRIALS, MethodChooser, MethodRecord,
-                                       ShadowDraft)
+from target_svc.drafting.auto import SHADOW_EVERY, TRIALS, MethodChooser, MethodRecord, ShadowDraft
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
@@ -50,17 +49,6 @@ def test_a_drafter_that_gains_a_little_more_but_keeps_the_batch_waiting_longer_i
     assert chooser.choose({"suffix": 1.0 / 12, "draft_model": 2.5 / 12}) == ("suffix", "best")
 
 
-def test_the_drafter_asked_longest_ago_is_explored_now_and_then_and_can_take_over():
-    chooser = MethodChooser(["ngram", "suffix"])
-    gains = {"ngram": 0.2, "suffix": 1.0}
-    choices = [ask(chooser, gains) for _ in range(2 * TRIALS + 3 * EXPLORE_EVERY)]
-    explored = [m for m, why in choices if why == "explore"]
-    assert explored and set(explored) == {"ngram"}
-    gains["ngram"] = 4.0  # the text turned repetitive: n-gram lookup now pays
-    later = [ask(chooser, gains)[0] for _ in range(3 * EXPLORE_EVERY)]
-    assert later[-1] == "ngram"
-
-
 def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_earlier_ones_without_trials():
     record = MethodRecord()
     first = MethodChooser(["ngram", "suffix", "draft_model"], record)
@@ -69,8 +57,8 @@ def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_ear
     later = MethodChooser(["ngram", "suffix", "draft_model"], record)
     assert later.choose() == ("draft_model", "best")
     # and its own asks take over from the record: where the draft model gains this one nothing, it moves on
-    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "draft_model": 0.0}) for _ in range(3 * EXPLORE_EVERY)]
-    assert [m for m, why in choices[-8:] if why == "best"] == ["suffix"] * 7
+    choices = [ask(later, {"ngram": 0.1, "suffix": 0.5, "draft_model": 0.0}) for _ in range(96)]
+    assert choices[-8:] == [("suffix", "best")] * 8
 
 
 def test_a_dry_spell_does_not_hand_the_sequence_to_a_drafter_that_offers_nothing():
@@ -98,11 +86,11 @@ def test_a_record_lifted_by_a_lucky_ask_does_not_keep_a_sequence_asking_a_drafte
     chooser = MethodChooser(["suffix", "lookahead"], record)
     round_trip_cost = {"suffix": 0.07}  # lookahead's window rides in the forward: no round trip
     choices = []
-    for _ in range(4 * EXPLORE_EVERY):
+    for _ in range(128):
         method, why = chooser.choose(round_trip_cost)
         chooser.observe(method, {"suffix": 0.3, "lookahead": 0.0}[method])
         choices.append((method, why))
-    assert [method for method, why in choices[-EXPLORE_EVERY:] if why == "best"] == ["suffix"] * (EXPLORE_EVERY - 1)
+    assert choices[-32:] == [("suffix", "best")] * 32
 
 
 def test_the_record_is_the_plain_mean_of_a_drafters_first_asks_not_its_first_ask():
@@ -118,31 +106,26 @@ def test_the_record_a_new_sequence_starts_from_counts_the_asks_made_at_set_times
     first = MethodChooser(["ngram", "suffix"], record)
     for _ in range(2 * TRIALS):
         ask(first, {"ngram": 0.5, "suffix": 0.4})
-    choices = [ask(first, {"ngram": 3.0, "suffix": 0.4}) for _ in range(4 * EXPLORE_EVERY)]  # a run n-gram finds
-    assert {why for _, why in choices} == {"best", "explore"}
-    assert record.gain["ngram"] == pytest.approx(0.5)  # its trials: its run was asked as "best"
-    assert record.gain["suffix"] == pytest.approx(0.4)
+    shadow_steps = 0
+    for _ in range(128):
+        assert ask(first, {"ngram": 3.0, "suffix": 0.4}) == ("ngram", "best")  # a run n-gram finds
+        shadow_steps += bool(first.shadows)
+    # its trials, and its asks at shadow steps (their times set by the count of asks), not the others
+    assert shadow_steps == 128 // SHADOW_EVERY and record.asks["ngram"] == TRIALS + shadow_steps
 
 
-def test_every_few_asks_the_other_drafters_that_can_be_shadowed_are_asked_beside_the_choice():
+def test_every_few_asks_the_other_drafters_are_asked_beside_the_choice():
     record = MethodRecord()
     for _ in range(TRIALS):
         for method in ("ngram", "suffix", "lookahead"):
             record.observe(method, {"ngram": 1.0, "suffix": 0.5, "lookahead": 0.0}[method])
-    chooser = MethodChooser(["ngram", "suffix", "lookahead"], record, shadowable=frozenset({"ngram", "suffix"}))
-    shadows = []
+    chooser = MethodChooser(["ngram", "suffix", "lookahead"], record)
+    choices, shadows = [], []
     for _ in range(2 * SHADOW_EVERY):
-        method, why = ask(chooser, {"ngram": 1.0, "suffix": 0.5, "lookahead": 0.0})
+        choices.append(ask(chooser, {"ngram": 1.0, "suffix": 0.5, "lookahead": 0.0}))
         shadows.append(list(chooser.shadows))
-    assert shadows == ([[]] * (SHADOW_EVERY - 1) + [["suffix"]]) * 2  # never lookahead: its window must run
-
-
-def test_a_drafter_that_cannot_be_shadowed_is_still_explored_by_a_verified_ask():
-    chooser = past_the_trials({"suffix": 1.0, "lookahead": 0.0})
-    chooser = MethodChooser(["suffix", "lookahead"], chooser._record, shadowable=frozenset({"suffix"}))
-    choices = [ask(chooser, {"suffix": 1.0, "lookahead": 0.0}) for _ in range(EXPLORE_EVERY)]
-    assert choices.count(("lookahead", "explore")) == 1 and not any(why == "explore" and m == "suffix"
-                                                                     for m, why in choices)
+    assert choices == [("ngram", "best")] * 2 * SHADOW_EVERY  # no verified ask of a drafter gaining less
+    assert shadows == ([[]] * (SHADOW_EVERY - 1) + [["suffix", "lookahead"]]) * 2
 
 
 def test_a_sequence_held_by_the_record_on_one_drafter_moves_to_the_one_its_shadow_asks_show_gains_more():
@@ -152,7 +135,7 @@ def test_a_sequence_held_by_the_record_on_one_drafter_moves_to_the_one_its_shado
     for _ in range(TRIALS):
         record.observe("ngram", 1.0)
         record.observe("suffix", 0.0)
-    chooser = MethodChooser(["ngram", "suffix"], record, shadowable=frozenset({"ngram", "suffix"}))
+    chooser = MethodChooser(["ngram", "suffix"], record)
     tokens = list(range(100))
     for _ in range(6 * SHADOW_EVERY):
         method, _ = chooser.choose()
@@ -177,7 +160,6 @@ async def test_a_shadow_ask_joins_the_ask_its_drafter_gets_anyway_and_its_draft_
     ngram, suffix = OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)
     drafters = Drafters([ngram, suffix, LookaheadSource()], vocab_size=64)
     await drafters.start()
-    assert drafters.shadowable == {"ngram", "suffix"}  # lookahead's window must run in the forward
     seq = sequence("a")
     seq.speculative = SpeculativeConfig(method="ngram")
     fused = sequence("b")
@@ -186,6 +168,16 @@ async def test_a_shadow_ask_joins_the_ask_its_drafter_gets_anyway_and_its_draft_
     assert ngram.asks == suffix.asks == 1
     assert answers.drafts["a"] == DraftTree.chain([5], [0.5])  # only the chosen drafter's is verified
     assert answers.shadows == {("a", "suffix"): DraftTree.chain([6], [0.5])}
+
+
+async def test_lookahead_is_shadowed_by_the_draft_of_its_n_gram_pool_made_in_the_target():
+    drafters = Drafters([OneAskAtATime("suffix", 6), LookaheadSource()], vocab_size=64)
+    await drafters.start()
+    seq = sequence("a")  # its prompt 5 6 7 8 9 5 6 7: the pool holds 7 -> 8 9 5
+    seq.speculative = SpeculativeConfig(method="suffix")
+    answers = await drafters.propose([(seq, 2)], shadows=[(seq, 2, "lookahead")])
+    assert answers.shadows[("a", "lookahead")].token_ids == (8, 9)
+    assert answers.drafts["a"] == DraftTree.chain([6], [0.5])
 
 
 def test_fused_is_a_method_of_its_own_but_not_one_auto_chooses():
