@@ -164,8 +164,6 @@ class Scheduler:
         self._prompt_arrivals = 0.0  # prefill seconds submitted per step, a moving mean over ~RECENT_STEPS
         self._draft_seconds = 0.0  # seconds of the draft tokens a step verified, a moving mean likewise
         self._round_trip = 0.0  # seconds a step waits for the drafters, a moving mean likewise
-        # Outputs committed in the last step and not yet handed to their streams (`_deliver`).
-        self._undelivered: list[tuple[Sequence, StepOutput]] = []
         self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
         self._forward_seconds = 0.0  # the latest step's forward and verification (set by the compute thread)
         self._host_seconds = 0.0  # seconds of a step beyond its forward and round trip, a moving mean likewise
@@ -211,7 +209,6 @@ class Scheduler:
                 await self.step()
             except Exception:  # a bug in one step must not take the server down with it
                 log.exception("step failed; failing the running requests")
-                self._deliver()
                 for seq in list(self._running):
                     self._fail(seq)
 
@@ -231,7 +228,6 @@ class Scheduler:
             asked = time.perf_counter()
             answers = await self._drafters.propose([pair for group in asking.values() for pair in group], shadows)
             round_trip = time.perf_counter() - asked
-        self._deliver()
         self._round_trip = _moved(self._round_trip, round_trip)
         asked_ids = {seq.request_id for group in asking.values() for seq, _ in group}
         plan = self._plan(decodes, answers, asked_ids, plain_seconds)
@@ -669,21 +665,10 @@ class Scheduler:
         out = seq.commit(result.tokens(list(draft.token_ids)), result.num_accepted, len(draft), result.logprobs)
         self._runner.allocator.truncate(seq.request_id, seq.num_computed)  # roll back rejected drafts
         self._record(seq, draft, out)
-        if not out.finish_reason:
-            self._undelivered.append((seq, out))
-            return
         seq.outputs.put_nowait(out)
-        self._finish(seq, FINISH_REASON_NAMES[out.finish_reason])
-        self._metrics.e2e_latency.labels(seq.speculative.method).observe(time.perf_counter() - seq.clock.started)
-
-    def _deliver(self) -> None:
-        """Hand the last step's outputs to their streams: once this step's drafters have answered, so that
-        streaming them out (this loop, the gateway, the client: a few processes on a CPU target's cores)
-        runs beside the forward, as it does in a step that asks no drafter, and not beside the drafters the
-        step waits for. A sequence's last output is handed over at once."""
-        for seq, out in self._undelivered:
-            seq.outputs.put_nowait(out)
-        self._undelivered.clear()
+        if out.finish_reason:
+            self._finish(seq, FINISH_REASON_NAMES[out.finish_reason])
+            self._metrics.e2e_latency.labels(seq.speculative.method).observe(time.perf_counter() - seq.clock.started)
 
     def _record(self, seq: Sequence, draft: DraftTree, out: StepOutput) -> None:
         m, method = self._metrics, seq.speculative.method

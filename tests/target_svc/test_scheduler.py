@@ -397,38 +397,6 @@ async def test_a_drafter_no_slower_than_one_the_step_waits_for_is_asked_beside_i
         assert wrong.asks > TYPICAL_EVIDENCE + 1 + (46 - TYPICAL_EVIDENCE) // (PROBE_EVERY + 1)
 
 
-class CountingOracle(SlowOracle):
-    """The slow oracle, counting the asks it has answered."""
-
-    answered = 0
-
-    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
-        drafts = await super().propose(wanted)
-        self.answered += 1
-        return drafts
-
-
-async def test_a_steps_tokens_reach_their_stream_once_the_next_steps_drafter_has_answered(tiny_model_dir):
-    """Streaming tokens out takes the CPU a target shares with its drafters: it waits for the forward,
-    which runs on other threads, rather than running while the step waits for a drafter."""
-    async with bf16_scheduler(tiny_model_dir) as scheduler:
-        expected = {"s": await run_to_end(scheduler, sequence("s", max_tokens=48))}
-    drafter = CountingOracle(expected)
-    cost = measured_cost(lambda shape: 0.020 + 0.0001 * shape.tokens)  # drafts nearly free: every step asks
-    async with bf16_scheduler(tiny_model_dir, sources=[drafter], cost_model=cost) as scheduler:
-        seq = Sequence("s", list(PROMPT), SamplingParams(max_tokens=48),
-                       SpeculativeConfig(method="oracle", num_speculative_tokens=4), 48, eos_token_ids=frozenset())
-        scheduler.submit(seq)
-        tokens, answered_on_arrival = [], []
-        while not (out := await seq.outputs.get()).finish_reason:
-            tokens.extend(out.token_ids)
-            answered_on_arrival.append(drafter.answered)
-        assert tokens + list(out.token_ids) == expected["s"]
-        # the first output is the prompt's, before any ask: each arrived after the ask of the step after it
-        # (the last few steps, with a token or two left to decode, ask nothing)
-        assert answered_on_arrival[:8] == list(range(1, 9))
-
-
 class TreeOracle(Oracle):
     """Drafts a tree whose first branch is wrong and whose second is the reference continuation, so the
     accepted path is never the first nodes: its K/V must move into place."""
