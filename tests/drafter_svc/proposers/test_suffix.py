@@ -75,6 +75,22 @@ def test_a_request_is_drafted_from_its_own_text():
     assert draft.token_ids == (4, 5, 9)  # after "1 2 3": a 3-token match earns up to 3 tokens
 
 
+def test_a_draft_token_is_trusted_more_the_longer_the_match_behind_it_and_more_in_the_requests_own_text():
+    proposer = SuffixProposer()
+    # Seen once after "1 2 3": share 1, backed by 3, 4 and 5 matched tokens of the request's own text.
+    [long_match] = proposer.propose([request([7, 1, 2, 3, 4, 5, 9, 1, 2, 3])])
+    assert long_match.token_ids == (4, 5, 9)
+    assert long_match.probs == pytest.approx([3 / 3.65, 4 / 4.65, 5 / 5.65])
+    [short_match] = proposer.propose([request([7, 1, 8, 9, 1])])
+    assert short_match.token_ids == (8,) and short_match.probs == pytest.approx([1 / 1.65])
+    # The same share and match in an earlier request's output is trusted less.
+    proposer.release(request([40, 10, 11, 12, 13], prompt_length=1).sequence)
+    [from_output] = proposer.propose([request([1, 2, 10, 11])])
+    assert from_output.token_ids == (12, 13) and from_output.probs == pytest.approx([2 / 4, 3 / 5])
+    [own] = SuffixProposer().propose([request([5, 10, 11, 12, 6, 10, 11])])
+    assert own.token_ids == (12, 6) and own.probs == pytest.approx([2 / 2.65, 3 / 3.65])
+
+
 def test_a_longer_match_earns_a_longer_draft_and_the_budget_follows_the_options():
     text = [7, 1, 2, 3, 4, 5, 6, 9, 3]
     proposer = SuffixProposer()
