@@ -4,9 +4,11 @@ import random
 import pytest
 
 from drafter_svc.proposers.base import DraftRequest
-from drafter_svc.proposers.suffix import SuffixProposer
-from drafter_svc.proposers.suffix_tree import SuffixTree, speculate
+from drafter_svc.proposers.suffix import SuffixProposer, trusted
+from drafter_svc.proposers.suffix_tree import TREE_DEPTH, SuffixTree, speculate
+from drafter_svc.proposers.text_index import TextIndex
 from drafter_svc.sequences import SequenceState
+from specd.drafts import DraftTree
 
 
 def count(tree: SuffixTree, substring: list[int]) -> int:
@@ -139,6 +141,36 @@ def test_a_corpus_drafts_what_a_global_tree_of_the_same_outputs_drafts(options):
     for _ in range(200):
         context = [99, *(rng.randrange(6) for _ in range(rng.randint(1, 12)))]
         assert from_corpus.propose([request(context, **options)]) == from_outputs.propose([request(context, **options)])
+
+
+def best_of_every_match(proposer: SuffixProposer, tokens: list[int], max_tokens: int, options: dict):
+    """What the proposer must draft: every match expanded, the best score winning, the first listed on a tie."""
+    local = TextIndex(TREE_DEPTH)
+    local.sync(tokens)
+    matches = [*(("own", n, node) for n, node in local.matches(tokens, TREE_DEPTH)),
+               *(("other", n, node) for tree in (proposer.global_tree, proposer.corpus)
+                 for n, node in tree.matches(tokens, TREE_DEPTH))]
+    best, best_match = None, None
+    for where, n, node in matches:
+        budget = min(max_tokens, int(n * options["max_spec_factor"] + options["max_spec_offset"]))
+        found = speculate(node, budget, options["min_token_prob"], options["use_tree_spec"], TREE_DEPTH)
+        if budget > 0 and found.score > (best.score if best else 0.0):
+            best, best_match = found, (where, n)
+    return trusted(best.draft, *best_match) if best else DraftTree()
+
+
+@pytest.mark.parametrize("options", [{}, {"use_tree_spec": False}, {"max_spec_offset": 3, "min_token_prob": 0.05}])
+def test_matches_that_cannot_win_are_not_expanded_and_the_draft_is_that_of_every_match_expanded(options):
+    rng = random.Random(1)
+    proposer = SuffixProposer(warm_outputs=[[rng.randrange(5) for _ in range(30)] for _ in range(10)])
+    for _ in range(10):
+        proposer.release(request([99, *(rng.randrange(5) for _ in range(30))], prompt_length=1).sequence)
+    resolved = SuffixProposer.schema.resolve(options)
+    for _ in range(200):
+        tokens = [rng.randrange(5) for _ in range(rng.randint(1, 40))]
+        max_tokens = rng.randint(1, 12)
+        [draft] = proposer.propose([request(tokens, max_tokens=max_tokens, **options)])
+        assert draft == best_of_every_match(proposer, tokens, max_tokens, resolved)
 
 
 def test_it_asks_for_whole_outputs_only_while_it_keeps_them():
