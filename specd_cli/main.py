@@ -286,6 +286,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="the step cost profile (timed forwards at start, ~12 s): taken from FILE where it "
                              "holds this model's on this device, dtype and threads, else measured and written "
                              "there, so that targets started alike price drafts alike (default: measured, not kept)")
+    target.add_argument("--step-log", default=None, metavar="FILE",
+                        help="append one JSON line per step to FILE: its time, forward, round trip, decodes, "
+                             "prompt tokens, asks, draft and accepted tokens (default: none)")
     _add_engine_flags(target)
     _add_scheduler_flags(target)
     target.add_argument("--default-max-tokens", type=int, default=256,
@@ -409,7 +412,7 @@ def _serve(args: argparse.Namespace) -> int:
             kv_cache_tokens=args.kv_cache_tokens, kv_cache_memory_gib=args.kv_cache_memory,
             engine=_engine_of(args), max_num_seqs=args.max_num_seqs, max_step_tokens=args.max_step_tokens,
             max_waiting=args.max_waiting, step_timeout_s=args.step_timeout, step_cost_profile=args.step_cost_profile,
-            default_max_tokens=args.default_max_tokens, num_threads=args.threads,
+            step_log=args.step_log, default_max_tokens=args.default_max_tokens, num_threads=args.threads,
             shutdown_grace_s=args.shutdown_grace, tls=tls, reflection=args.reflection)))
     elif args.service == "gateway":
         from gateway.server import serve

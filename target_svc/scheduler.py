@@ -41,6 +41,7 @@ from target_svc.metrics import TargetMetrics
 from engine.features import FeatureLog
 from engine.runner import ModelRunner, SequenceInput
 from target_svc.sequence import Sequence, SequenceStatus, StepOutput
+from target_svc.step_log import StepLog
 from target_svc.verifier import VerifyInput, VerifyResult, verify
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class Scheduler:
                  metrics: TargetMetrics, max_num_seqs: int = 64, max_step_tokens: int = defaults.MAX_STEP_TOKENS,
                  cost_model: StepCostModel | None = None, max_waiting: int = defaults.MAX_WAITING,
                  step_timeout_s: float = defaults.STEP_TIMEOUT_S,
-                 report_serving: Callable[[bool], Awaitable[None]] | None = None):
+                 report_serving: Callable[[bool], Awaitable[None]] | None = None, step_log: StepLog | None = None):
         if max_step_tokens < max_num_seqs:
             raise ValueError(f"max_step_tokens ({max_step_tokens}) must be at least max_num_seqs ({max_num_seqs}): "
                              "every running sequence decodes at least one token a step")
@@ -156,6 +157,7 @@ class Scheduler:
         self._max_waiting = max_waiting
         self._step_timeout_s = step_timeout_s
         self._report_serving = report_serving  # told False while a step is stuck, True when it ends
+        self._step_log = step_log  # where each step is written, if anywhere
         self._stuck = False
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: the newest last, preempted first
@@ -213,7 +215,7 @@ class Scheduler:
                     self._fail(seq)
 
     async def step(self) -> None:
-        step_started = time.perf_counter()
+        step_started, started_at = time.perf_counter(), time.time()
         self._drop_marked()
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0.0
@@ -233,6 +235,8 @@ class Scheduler:
         plan = self._plan(decodes, answers, asked_ids, plain_seconds)
         if not plan:
             return
+        # The step's prompt chunks, as planned: a prompt's last chunk is a decode once committed.
+        chunks = [item.num_new for item in plan if not item.is_decode] if self._step_log is not None else []
         outcomes = await self._compute(plan)
         if wanting:  # a step that could have asked: whether it did is what the overhang compares
             self._overhang.observe(asking, self._step_excess)
@@ -273,9 +277,22 @@ class Scheduler:
         self._host_seconds = _moved(self._host_seconds,
                                     max(time.perf_counter() - step_started - round_trip - self._forward_seconds, 0.0))
         self._metrics.step_host.set(self._host_seconds)
+        if self._step_log is not None:
+            self._log_step(started_at, time.perf_counter() - step_started, round_trip, asking, plan, chunks, outcomes)
         for term, seconds in self._cost.coefficients._asdict().items():
             self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
+
+    def _log_step(self, started_at: float, seconds: float, round_trip: float,
+                  asking: dict[str, list[tuple[Sequence, int]]], plan: list[Scheduled], chunks: list[int],
+                  outcomes: list[VerifyResult | Exception | None]) -> None:
+        self._step_log.write(
+            started=started_at, seconds=seconds, forward_seconds=self._forward_seconds, round_trip_seconds=round_trip,
+            decodes=len(plan) - len(chunks), prefill_tokens=sum(chunks), prefill_sequences=len(chunks),
+            asked={method: len(group) for method, group in asking.items()},
+            draft_tokens=sum(len(item.draft) for item in plan),
+            accepted_tokens=sum(outcome.num_accepted for outcome in outcomes if isinstance(outcome, VerifyResult)),
+            running=len(self._running), waiting=len(self._waiting))
 
     def _asking(self, decodes: list[Sequence],
                 plain_seconds: float) -> tuple[bool, dict[str, list[tuple[Sequence, int]]]]:
@@ -689,6 +706,8 @@ class Scheduler:
 
     async def close(self) -> None:
         self._compute_thread.shutdown(wait=True)
+        if self._step_log is not None:
+            self._step_log.close()
 
 
 def _take_guesses(verified: list[Scheduled], logits: torch.Tensor) -> torch.Tensor:

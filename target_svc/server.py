@@ -24,6 +24,7 @@ from engine.runner import ModelRunner
 from target_svc.metrics import TargetMetrics
 from target_svc.scheduler import Scheduler
 from target_svc.servicer import TargetServicer
+from target_svc.step_log import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class TargetOptions:
     # The step cost profile's file: taken from it where it holds this model's on this device, dtype and threads,
     # else measured and written there. None: measured, not kept.
     step_cost_profile: str | None = None
+    step_log: str | None = None  # a file each step is written to as a JSON line (target_svc.step_log), or none
     default_max_tokens: int = 256
     num_threads: int | None = None
     engine: EngineConfig = EngineConfig()  # device and dtype of the model and its KV cache
@@ -75,7 +77,8 @@ class TargetService(Service):
         self.scheduler = Scheduler(self.runner, self.compute_thread, self.drafters, self.metrics,
                                    max_num_seqs=options.max_num_seqs, max_step_tokens=options.max_step_tokens,
                                    cost_model=self.cost_model, max_waiting=options.max_waiting,
-                                   step_timeout_s=options.step_timeout_s, report_serving=self.set_serving)
+                                   step_timeout_s=options.step_timeout_s, report_serving=self.set_serving,
+                                   step_log=StepLog(options.step_log) if options.step_log else None)
         info = target_pb2.ModelInfo(model=str(options.model), max_context_length=self.runner.max_context_length,
                                     vocab_size=self.runner.vocab_size, eos_token_ids=self.runner.eos_token_ids,
                                     default_max_tokens=options.default_max_tokens)

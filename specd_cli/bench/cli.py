@@ -66,6 +66,9 @@ def _add_common_flags(parser: argparse.ArgumentParser, max_tokens: int, warmup: 
     where.add_argument("--warm-corpus", default=None, metavar="FILE|none",
                        help="what the started stack's suffix and trie drafters start from: a file of `specd train "
                             "corpus`, or none (default: the corpus shipped for --model, if any)")
+    where.add_argument("--step-logs", action="store_true",
+                       help="each started target writes one JSON line per step to steps.jsonl beside its log "
+                            "(`specd serve target --step-log`)")
     where.add_argument("--draft-layers", type=int, default=None, metavar="N",
                        help="draft_model in the started stack: the target's first N layers (LayerSkip's early exit; "
                             "default: the whole target)")
@@ -194,7 +197,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods, args.draft_layers, args.protocol, args.warm_corpus) as stack:
+                    args.methods, args.draft_layers, args.protocol, args.warm_corpus, args.step_logs) as stack:
         settings = SpecSettings(stack.methods, args.baselines, args.temperatures,
                                 args.seed, args.max_tokens, args.warmup, args.timeout, args.passes,
                                 tuple(stack.own_gateways))
@@ -292,7 +295,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
-                    args.methods, args.draft_layers, args.protocol, args.warm_corpus) as stack:
+                    args.methods, args.draft_layers, args.protocol, args.warm_corpus, args.step_logs) as stack:
         settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
                                  args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout, tuple(stack.own_gateways), args.rounds)

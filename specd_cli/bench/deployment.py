@@ -46,12 +46,13 @@ class _LoggedStack(Stack):
 @contextmanager
 def deployment(gateway: str | None, target: str | None, model: str, threads: int, dtype: str, log_dir: Path,
                methods: list[str] | None = None, draft_layers: int | None = None,
-               protocol: str = "grpc", warm_corpus: str | None = None) -> Iterator[Deployment]:
+               protocol: str = "grpc", warm_corpus: str | None = None, step_logs: bool = False) -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter
     and lookahead, and the model drafters among `methods` (in the target's dtype; draft_model on the target's
     first `draft_layers` layers when given); and the same again for each of LEARNING_METHODS compared, which
     gets a stack of its own. `protocol`: which of the gateway's APIs the bench speaks; `warm_corpus`: what the
-    learning drafters start from (stack.warm_corpus_args)."""
+    learning drafters start from (stack.warm_corpus_args); `step_logs`: each target writes its steps to
+    steps.jsonl beside its log (target_svc.step_log)."""
     if gateway:
         yield Deployment(gateway, target, resolve_methods(methods, target))
         return
@@ -65,8 +66,9 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
 
     def started(name: str) -> Stack:
         """A stack up (one at a time: the first target profiles its step cost as it starts, undisturbed)."""
+        steps = ["--step-log", str(log_dir / name / "steps.jsonl")] if step_logs else []
         stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads,
-                             extra_target_args=["--dtype", dtype, "--step-cost-profile", str(cost_profile)],
+                             extra_target_args=["--dtype", dtype, "--step-cost-profile", str(cost_profile), *steps],
                              drafters=(*DEFAULT_DRAFTERS, *model_drafters),
                              model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
                                                                      if draft_layers else [])],

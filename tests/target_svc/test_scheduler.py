@@ -1,6 +1,7 @@
 """The scheduler's step loop on a tiny random model: what one sequence does never breaks another."""
 import asyncio
 import contextlib
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,6 +22,7 @@ from engine.config import EngineConfig
 from engine.runner import ModelRunner
 from target_svc.scheduler import Scheduler
 from target_svc.sequence import Sequence, SequenceStatus
+from target_svc.step_log import StepLog
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7]
 NO_SPECULATION = SpeculativeConfig(method="none")
@@ -157,6 +159,27 @@ def prompt_of(seed: int, n: int) -> list[int]:
 
 def metric(scheduler: Scheduler, name: str) -> float:
     return scheduler._metrics.registry.get_sample_value(name)
+
+
+async def test_with_a_step_log_every_step_is_written_as_a_json_line_as_it_ends(tiny_model_dir, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=1024, block_size=4)
+    scheduler = Scheduler(runner, ThreadPoolExecutor(max_workers=1), Drafters([], runner.vocab_size), TargetMetrics(),
+                          step_log=StepLog(path))
+    loop_task = asyncio.get_running_loop().create_task(scheduler.run())
+    try:
+        tokens = await run_to_end(scheduler, sequence("logged", max_tokens=12))
+        steps = [json.loads(line) for line in path.read_text().splitlines()]  # there before the log is closed
+    finally:
+        loop_task.cancel()
+        await scheduler.close()
+    assert len(tokens) == 12
+    assert sum(step["prefill_tokens"] for step in steps) == len(PROMPT)
+    assert sum(step["decodes"] for step in steps) == 11  # the first token came with the prompt's last chunk
+    assert all(step["forward_seconds"] <= step["seconds"] and step["asked"] == {} and step["draft_tokens"] == 0
+               for step in steps)
+    assert [step["started"] for step in steps] == sorted(step["started"] for step in steps)
+    assert steps[-1]["running"] == 0 and steps[-1]["waiting"] == 0
 
 
 async def test_a_long_prompt_is_prefilled_in_chunks_after_the_decodes_and_gets_the_output_it_gets_whole(

@@ -21,7 +21,7 @@ def test_bench_spec_writes_results_and_plot_and_greedy_outputs_match(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "specd_cli.main", "bench", "spec", "--prompts", str(prompts), "--limit", "1",
          "--max-tokens", "8", "--methods", "none,ngram", "--baselines", "hf", "--temperatures", "0",
-         "--warmup", "1", "--threads", "2", "--output-dir", str(tmp_path / "out")],
+         "--warmup", "1", "--threads", "2", "--step-logs", "--output-dir", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
@@ -29,6 +29,8 @@ def test_bench_spec_writes_results_and_plot_and_greedy_outputs_match(tmp_path):
     assert json.loads((run_dir / "logs" / "step_cost_profile.json").read_text())["steps"]  # for every stack of the run
     target_metrics = (run_dir / "logs" / "shared" / "target.metrics.txt").read_text()  # as the run left them
     assert 'specd_verification_steps_total{method="ngram"}' in target_metrics
+    steps = [json.loads(line) for line in (run_dir / "logs" / "shared" / "steps.jsonl").read_text().splitlines()]
+    assert any("ngram" in step["asked"] for step in steps) and sum(step["decodes"] for step in steps) > 0
     results = json.loads((run_dir / "results.json").read_text())
     assert results["settings"]["max_tokens"] == 8 and results["settings"]["methods"] == ["none", "ngram"]
     assert results["machine"]["torch_threads"] == 2 and results["git"]["commit"]
