@@ -215,7 +215,7 @@ class Scheduler:
                     self._fail(seq)
 
     async def step(self) -> None:
-        step_started, started_at = time.perf_counter(), time.time()
+        step_started = time.perf_counter()
         self._drop_marked()
         self._prompt_arrivals = _moved(self._prompt_arrivals, self._arrived)
         self._arrived = 0.0
@@ -278,16 +278,16 @@ class Scheduler:
                                     max(time.perf_counter() - step_started - round_trip - self._forward_seconds, 0.0))
         self._metrics.step_host.set(self._host_seconds)
         if self._step_log is not None:
-            self._log_step(started_at, time.perf_counter() - step_started, round_trip, asking, plan, chunks, outcomes)
+            self._log_step(time.perf_counter() - step_started, round_trip, asking, plan, chunks, outcomes)
         for term, seconds in self._cost.coefficients._asdict().items():
             self._metrics.step_cost.labels(term).set(seconds)
         self._update_gauges()
 
-    def _log_step(self, started_at: float, seconds: float, round_trip: float,
+    def _log_step(self, seconds: float, round_trip: float,
                   asking: dict[str, list[tuple[Sequence, int]]], plan: list[Scheduled], chunks: list[int],
                   outcomes: list[VerifyResult | Exception | None]) -> None:
         self._step_log.write(
-            started=started_at, seconds=seconds, forward_seconds=self._forward_seconds, round_trip_seconds=round_trip,
+            started=time.time() - seconds, seconds=seconds, forward_seconds=self._forward_seconds, round_trip_seconds=round_trip,
             decodes=len(plan) - len(chunks), prefill_tokens=sum(chunks), prefill_sequences=len(chunks),
             asked={method: len(group) for method, group in asking.items()},
             draft_tokens=sum(len(item.draft) for item in plan),

@@ -108,12 +108,12 @@ class SuffixProposer:
                                                       + options["max_spec_offset"])) for _, match_len, _ in candidates]
         # The best-scoring draft wins, the first listed on a tie. A draft scores at most its budget (each
         # node's chance is at most 1), so the largest budgets are expanded first and a match whose budget
-        # cannot beat the best so far is not expanded at all: the same draft in about half the time (every
-        # output position of 26 Spec-Bench prompts: 0.45 ms a proposal, 0.25 ms), as most matches are short.
+        # cannot beat the best so far ends the search, since the budgets only fall from there: the same draft
+        # in about half the time (every output position of 26 Spec-Bench prompts: 0.45 ms a proposal, 0.25 ms).
         best, best_at = Speculation(DraftTree(), 0.0), len(candidates)
         for at in sorted(range(len(candidates)), key=lambda at: (-budgets[at], at)):
             if budgets[at] <= 0 or (budgets[at], -at) <= (best.score, -best_at):
-                continue
+                break
             _, _, node = candidates[at]
             found = speculate(node, budgets[at], options["min_token_prob"], options["use_tree_spec"], longest)
             if (found.score, -at) > (best.score, -best_at):
