@@ -1,7 +1,20 @@
-"""The engine's matmul, `x @ weight^T`: on CPU in fp32, the GEMM formulation measured fastest on this
-machine, for this model's weights, at each row count.
+"""The engine's matmul, `x @ weight^T`: on CPU, specd's packed kernel where the CPU has AVX512F (fp32 and
+bf16), else the GEMM formulation measured fastest on this machine, for this model's weights, at each row
+count.
 
-Which fp32 formulation is fastest depends on the row count M (the step's new tokens), the thread
+specd's kernel (`kernels.packed_linear`) packs each weight once into blocks of 16 outputs side by side and
+streams it once per call, front to back, for every row of the call; each output is one sum over the inputs
+in a fixed order, so a row's result is the same bits whatever the row count: batch invariant in fp32 as in
+bf16. On a 2-core Xeon without AVX512-BF16 (2 threads, the default model's 30 layers, weights streamed
+from memory, ms per call of M rows):
+
+  M                                 1     4     8    16    64   256
+  fp32         oneDNN (best torch) 41    53    57    65   127   311
+               specd packed        23    23    27    34    89   266
+  bf16         oneDNN packed       24    44    81    98   295  1000
+               specd (widened)     13    15    22    31    97   327
+
+Which torch fp32 formulation is fastest depends on the row count M (the step's new tokens), the thread
 count and the CPU, by up to 4x, so no fixed table is right everywhere. Two machines of this project,
 2 threads, ms per forward of the default model's 30 layers:
 
@@ -13,8 +26,8 @@ count and the CPU, by up to 4x, so no fixed table is right everywhere. Two machi
   (AMX)        transposed        19.2  19.7  29.9 112.2
                oneDNN            13.2  21.4  40.1  97.1
 
-So the engine measures the formulations once at start (`LinearPlan.measure`, under 1 s) and keeps
-the fastest per row-count bucket. "transposed" is MKL's GEMM with the few rows as its small n side,
+Without AVX512F the engine measures the formulations once at start (`LinearPlan.measure`, under 1 s) and
+keeps the fastest per row-count bucket. "transposed" is MKL's GEMM with the few rows as its small n side,
 (weight @ x^T)^T.
 
 In bf16 on CPUs with AMX or AVX512-BF16 the engine packs each weight once into the layout both read
@@ -27,7 +40,8 @@ sequences' decodes 1.26x, of 32 x 4 tokens 1.4x, the same bits. Measured on the 
 layers and the vocab projection with weights streamed from memory: 8.4 ms at M = 1 (oneDNN packed
 21.7), 11.0 ms at M = 26 (18.5), 26 ms at M = 128 (37). On an AMD EPYC (Zen 4, no AMX) whole forwards
 of 1 and 32 sequences take about what oneDNN took (`benchmarks/step_cost.py`), and unlike oneDNN there
-the rows are independent: with oneDNN the real model's bf16 logits were not batch invariant.
+the rows are independent: with oneDNN the real model's bf16 logits were not batch invariant. With AVX512F
+alone the kernel widens the bf16 weights to fp32 as they stream by and takes the FMAs.
 
 Elsewhere in bf16 and fp16 the engine packs each weight once for oneDNN with a one-row hint. Its rows
 were bit-identical whatever the row count up to 128 rows; above that the 1536-wide down projection
@@ -111,7 +125,8 @@ def formulations() -> dict[str, Linear]:
 
 
 PACKED = "oneDNN packed"
-SPECD_BF16 = "specd bf16"  # kernels.packed_linear: AMX tiles, AVX512-BF16 dot products or widened FMAs
+SPECD_PACKED = "specd packed"  # kernels.packed_linear: bf16 by AMX tiles, AVX512-BF16 dot products or widened
+# FMAs; fp32 by FMAs
 
 
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -124,15 +139,15 @@ class LinearPlan:
     `prepare` once before use (a packed plan packs them)."""
 
     def __init__(self, names: tuple[str, ...]):
-        available = {**formulations(), PACKED: onednn_linear, SPECD_BF16: kernels.packed_linear}
+        available = {**formulations(), PACKED: onednn_linear, SPECD_PACKED: kernels.packed_linear}
         self.names = names
         self._choices = tuple(available[name] for name in names)
         # Whether a row's result is the same in a call of any row count (by construction), so that
         # `by_rows` need not split: specd's packed kernel's rows are.
-        self.any_row_count = names[0] == SPECD_BF16
+        self.any_row_count = names[0] == SPECD_PACKED
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        if self.names[0] == SPECD_BF16:
+        if self.names[0] == SPECD_PACKED:
             return kernels.pack_linear_weight(weight)
         return pack_for_onednn(weight) if self.names[0] == PACKED else weight
 
@@ -157,13 +172,13 @@ class LinearPlan:
 
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
-        """For fp32 weights on CPU: per bucket, the formulation fastest over `weights` (say, one
-        layer's). bf16 and fp16 on CPU: specd's packed kernel where it takes every one of `weights`,
-        else packed for oneDNN where it runs them. Elsewhere F.linear."""
+        """On CPU: specd's packed kernel where it takes every one of `weights` (fp32 or bf16 on a CPU with
+        AVX512F). Else for fp32 weights, per bucket, the formulation fastest over `weights` (say, one
+        layer's); bf16 and fp16, packed for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
         if all(kernels.packs_linear_weight(w) for w in weights):
-            return cls((SPECD_BF16,) * len(ROW_BUCKETS))
+            return cls((SPECD_PACKED,) * len(ROW_BUCKETS))
         if weights[0].dtype != torch.float32:
             return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
         started, names = time.perf_counter(), []
@@ -199,7 +214,8 @@ class LinearPlan:
 
 
 def _input_size(prepared: torch.Tensor) -> int:
-    """K of a weight as `LinearPlan.prepare` returned it: [N, K], or [N / 16, K / 32, 16, 32] packed."""
+    """K of a weight as `LinearPlan.prepare` returned it: [N, K], or packed: bf16 [N / 16, K / 32, 16, 32],
+    fp32 [N / 16, K, 16]."""
     return prepared.shape[1] * 32 if prepared.dim() == 4 else prepared.shape[1]
 
 

@@ -85,9 +85,9 @@ def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots
 
 
 def takes_linear_weight(weight: torch.Tensor) -> bool:
-    """Whether `linear` (linear.cpp: bf16 products by AMX tiles, AVX512-BF16 dot products or widened fp32 FMAs)
-    can take `weight` [N, K]: not where it has another dtype, N is not a multiple of 16 or K of 32, or the CPU
-    has no AVX512-BF16."""
+    """Whether `linear` (linear.cpp: bf16 products by AMX tiles, AVX512-BF16 dot products or widened fp32
+    FMAs; fp32 by fp32 FMAs) can take `weight` [N, K]: not where it has another dtype, N is not a multiple of
+    16 (or, in bf16, K of 32), or the CPU has no AVX512F."""
     return compiled() and torch.ops.specd.supports_linear(weight)
 
 
@@ -99,7 +99,10 @@ def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor | None:
 def linear(x: torch.Tensor, packed: torch.Tensor, products: str | None = None) -> torch.Tensor:
     """x [M, K] @ weight^T -> [M, N], the weight as `pack_linear_weight` returned it; each output row
     bit-identical whatever the row count (linear.cpp). `products`: how they are formed (one of
-    `torch.ops.specd.linear_products()`), by default as this process's `linear_products()` says for M rows."""
+    `torch.ops.specd.linear_products()`), by default as this process's `linear_products()` says for M rows;
+    fp32 weights have one way, fp32 FMAs."""
+    if packed.dtype == torch.float32:
+        return _op("linear")(x, packed, "fma")
     return _op("linear")(x, packed, products or linear_products().for_rows(x.shape[0]))
 
 

@@ -1,17 +1,24 @@
-// x @ weight^T for bf16 on CPU, the weight packed once: [N / 16, K / 32, 16, 32], tile (n, k) row r holding,
-// for the 16 outputs n * 16 .. n * 16 + 15 side by side, the input pair k * 32 + 2r, k * 32 + 2r + 1. A block
-// of 16 outputs is K / 32 contiguous tiles, so a decode step streams each weight once, front to back.
+// x @ weight^T on CPU, the weight packed once into blocks of 16 outputs side by side, so that a decode step
+// streams each weight once, front to back, and each output is one sum over the inputs in a fixed order.
 //
-// That layout is both what an AMX tile product reads and, row by row, what an AVX512-BF16 dot product
-// (16 outputs x one input pair) reads. With AMX (Intel Xeon 4th gen and later) the products are tiles;
-// with AVX512-BF16 only (AMD Zen 4 and later) each output is one fp32 sum over the input pairs in order.
-// A third way reads the same layout with AVX512F alone: each weight pair widened to two fp32 vectors (a shift
-// and a mask: bf16 is fp32's upper half), then two fp32 FMAs a row for what one dot product does. Where dot
-// products issue at a quarter of the FMAs' rate (a Xeon whose VM hides AMX: 1.4 against 5.5 G instructions
-// a second per core), that is twice the products a second.
-// Which way a process takes is the caller's (`products`), fixed for the process; each is its own sequence
-// of products over K in a fixed order, so a row's result is bit-identical whatever the row count and
-// however the work is split: batch invariant by construction.
+// bf16: [N / 16, K / 32, 16, 32], tile (n, k) row r holding, for the 16 outputs n * 16 .. n * 16 + 15 side by
+// side, the input pair k * 32 + 2r, k * 32 + 2r + 1. That layout is both what an AMX tile product reads and,
+// row by row, what an AVX512-BF16 dot product (16 outputs x one input pair) reads. With AMX (Intel Xeon 4th
+// gen and later) the products are tiles; with AVX512-BF16 only (AMD Zen 4 and later) each output is one fp32
+// sum over the input pairs in order. A third way reads the same layout with AVX512F alone: each weight pair
+// widened to two fp32 vectors (a shift and a mask: bf16 is fp32's upper half), then two fp32 FMAs a row for
+// what one dot product does. Where dot products issue at a quarter of the FMAs' rate (a Xeon whose VM hides
+// AMX: 1.4 against 5.5 G instructions a second per core), that is twice the products a second; where there
+// are no dot products at all (a Xeon without AVX512-BF16), it is the only way, and it streams half the
+// bytes an fp32 weight would.
+// Which way a process takes is the caller's (`products`), fixed for the process.
+//
+// fp32: [N / 16, K, 16], input k of the 16 outputs side by side: one fp32 FMA a row and input. MKL's GEMM
+// took a forward of 3-4 tokens at batch 1 nearly twice what one token took on a 2-core Xeon; these stream
+// the weights once for up to kVecRows rows at a time.
+//
+// Each way is its own sequence of products over K in a fixed order, so a row's result is bit-identical
+// whatever the row count and however the work is split: batch invariant by construction.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,6 +29,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -40,20 +48,25 @@ constexpr int64_t kChunkBytes = 256 * 1024;  // of weight tiles a thread keeps i
 // alone keeps too few of a weight's cache lines in flight, and a forward's matmuls at 1-4 rows ran 12-19%
 // faster with it on a 2-core Xeon (bf16, the default model's weights streamed from memory).
 constexpr int64_t kPrefetchPairs = 16;
+constexpr int64_t kPrefetchInputs = 16;  // the same for fp32 weights, in inputs (1 KB ahead)
 
 bool supports_linear(const at::Tensor& weight) {
-#ifdef __AVX512BF16__
-  return weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 && weight.size(0) % kBlockOutputs == 0 &&
-         weight.size(1) % kBlockInputs == 0;
+#ifdef __AVX512F__
+  if (weight.dim() != 2 || weight.size(0) % kBlockOutputs != 0) return false;
+  if (weight.scalar_type() == at::kFloat) return true;
+  return weight.scalar_type() == at::kBFloat16 && weight.size(1) % kBlockInputs == 0;
 #else
   return false;
 #endif
 }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  TORCH_CHECK(supports_linear(weight), "pack_linear_weight takes a bf16 [N, K] weight with N % 16 == 0 and "
-              "K % 32 == 0, on a CPU with AVX512-BF16");
+  TORCH_CHECK(supports_linear(weight), "pack_linear_weight takes an fp32 [N, K] weight with N % 16 == 0, or a "
+              "bf16 one with K % 32 == 0 besides, on a CPU with AVX512F");
   const int64_t n = weight.size(0), k = weight.size(1);
+  if (weight.scalar_type() == at::kFloat) {
+    return weight.reshape({n / kBlockOutputs, kBlockOutputs, k}).transpose(1, 2).contiguous();
+  }
   return weight.reshape({n / kBlockOutputs, kBlockOutputs, k / kBlockInputs, kBlockInputs / 2, 2})
       .permute({0, 2, 3, 1, 4})
       .contiguous()
@@ -179,9 +192,9 @@ inline void prefetch_ahead(const bf16* pair_weights) {
 // out[ROWS rows, BLOCKS x 16 outputs]: for each output, one fp32 sum over the K / 2 input pairs in order,
 // a pair at a time: x's pair broadcast against the 16 outputs' pairs (a row of the packed weight).
 template <int ROWS, int BLOCKS>
-void dot_products(const bf16* x, int64_t x_stride, const bf16* b, int64_t pairs, bf16* out,
+void dot_products(const bf16* x, int64_t x_stride, const bf16* b, int64_t inputs, bf16* out,
                   int64_t out_stride) {
-  const int64_t block_elements = pairs * 2 * kBlockOutputs;  // one output block's packed weight
+  const int64_t pairs = inputs / 2, block_elements = inputs * kBlockOutputs;  // one output block's packed weight
   __m512 sums[ROWS][BLOCKS];
   for (int r = 0; r < ROWS; ++r) {
     for (int n = 0; n < BLOCKS; ++n) sums[r][n] = _mm512_setzero_ps();
@@ -214,9 +227,9 @@ void dot_products(const bf16* x, int64_t x_stride, const bf16* b, int64_t pairs,
 // fp32 FMAs: the pair's second input, then its first, the order in which an AVX512-BF16 dot product rounds
 // (Intel's definition; bit for bit on the Xeon measured), with denormals flushed as it flushes them.
 template <int ROWS, int BLOCKS>
-void widened_products(const float* x, int64_t x_stride, const bf16* b, int64_t pairs, bf16* out,
+void widened_products(const float* x, int64_t x_stride, const bf16* b, int64_t inputs, bf16* out,
                       int64_t out_stride) {
-  const int64_t block_elements = pairs * 2 * kBlockOutputs;
+  const int64_t pairs = inputs / 2, block_elements = inputs * kBlockOutputs;
   const __m512i upper_halves = _mm512_set1_epi32(int32_t(0xffff0000u));
   __m512 sums[ROWS][BLOCKS];
   for (int r = 0; r < ROWS; ++r) {
@@ -246,6 +259,32 @@ void widened_products(const float* x, int64_t x_stride, const bf16* b, int64_t p
   }
 }
 
+// out[ROWS rows, BLOCKS x 16 outputs] for fp32 weights: for each output, one fp32 FMA per input, in order.
+template <int ROWS, int BLOCKS>
+void fp32_products(const float* x, int64_t x_stride, const float* b, int64_t inputs, float* out,
+                   int64_t out_stride) {
+  const int64_t block_elements = inputs * kBlockOutputs;
+  __m512 sums[ROWS][BLOCKS];
+  for (int r = 0; r < ROWS; ++r) {
+    for (int n = 0; n < BLOCKS; ++n) sums[r][n] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < inputs; ++k) {
+    __m512 w[BLOCKS];
+    for (int n = 0; n < BLOCKS; ++n) {
+      const float* input_weights = b + n * block_elements + k * kBlockOutputs;
+      _mm_prefetch(reinterpret_cast<const char*>(input_weights + kPrefetchInputs * kBlockOutputs), _MM_HINT_T0);
+      w[n] = _mm512_loadu_ps(input_weights);
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r * x_stride + k]);
+      for (int n = 0; n < BLOCKS; ++n) sums[r][n] = _mm512_fmadd_ps(xr, w[n], sums[r][n]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    for (int n = 0; n < BLOCKS; ++n) _mm512_storeu_ps(out + r * out_stride + n * kBlockOutputs, sums[r][n]);
+  }
+}
+
 // Denormal inputs read as zero and denormal results flushed to zero on the calling thread while in scope,
 // as a dot product treats them.
 class FlushDenormals {
@@ -260,64 +299,72 @@ class FlushDenormals {
 };
 #endif
 
-#if defined(__AVX512BF16__) || defined(__AVX512F__)
-constexpr int kVecRows = 4;    // rows of x per micro-kernel call
-constexpr int kVecBlocks = 4;  // output blocks (of 16) per call: 16 accumulators in registers
-
-// The micro-kernels by rows and blocks up to kVecRows x kVecBlocks, for x's element type (bf16: dot products,
-// float: widened products).
-template <typename X>
-using Kernel = void (*)(const X*, int64_t, const bf16*, int64_t, bf16*, int64_t);
-
-template <typename X, int ROWS, int BLOCKS>
-constexpr Kernel<X> kernel_for() {
-#ifdef __AVX512BF16__
-  if constexpr (std::is_same_v<X, bf16>) return dot_products<ROWS, BLOCKS>;
-#endif
 #ifdef __AVX512F__
-  if constexpr (std::is_same_v<X, float>) return widened_products<ROWS, BLOCKS>;
+// Rows of x per micro-kernel call: with kVecBlocks output blocks, 24 fp32 accumulators in registers (a prompt's
+// prefill 1.15x faster than at 4 rows), 16 for bf16 (whose widened products hold each row's inputs twice).
+template <typename W>
+constexpr int kVecRows = std::is_same_v<W, float> ? 6 : 4;
+constexpr int kVecBlocks = 4;  // output blocks (of 16) per call
+
+// The micro-kernels by rows and blocks up to kVecRows<W> x kVecBlocks, for x's and the weight's element types
+// (bf16 and bf16: dot products; fp32 and bf16: widened products; fp32 and fp32: fp32 products). The output
+// has the weight's element type.
+template <typename X, typename W>
+using Kernel = void (*)(const X*, int64_t, const W*, int64_t, W*, int64_t);
+
+template <typename X, typename W, int ROWS, int BLOCKS>
+constexpr Kernel<X, W> kernel_for() {
+  if constexpr (std::is_same_v<W, float>) {
+    return fp32_products<ROWS, BLOCKS>;
+  } else if constexpr (std::is_same_v<X, float>) {
+    return widened_products<ROWS, BLOCKS>;
+  } else {
+#ifdef __AVX512BF16__
+    return dot_products<ROWS, BLOCKS>;
 #endif
-  return nullptr;
+    return nullptr;
+  }
 }
 
-template <typename X, int ROWS>
-Kernel<X> kernel_for(int blocks) {
-  return blocks == 1 ? kernel_for<X, ROWS, 1>() : blocks == 2 ? kernel_for<X, ROWS, 2>()
-                     : blocks == 3 ? kernel_for<X, ROWS, 3>() : kernel_for<X, ROWS, 4>();
+template <typename X, typename W, int ROWS>
+Kernel<X, W> kernel_for(int blocks) {
+  return blocks == 1 ? kernel_for<X, W, ROWS, 1>() : blocks == 2 ? kernel_for<X, W, ROWS, 2>()
+                     : blocks == 3 ? kernel_for<X, W, ROWS, 3>() : kernel_for<X, W, ROWS, 4>();
 }
 
-template <typename X>
-Kernel<X> kernel_for(int rows, int blocks) {
-  return rows == 1 ? kernel_for<X, 1>(blocks) : rows == 2 ? kernel_for<X, 2>(blocks)
-                   : rows == 3 ? kernel_for<X, 3>(blocks) : kernel_for<X, 4>(blocks);
+template <typename X, typename W>
+Kernel<X, W> kernel_for(int rows, int blocks) {
+  return rows == 1 ? kernel_for<X, W, 1>(blocks) : rows == 2 ? kernel_for<X, W, 2>(blocks)
+                   : rows == 3 ? kernel_for<X, W, 3>(blocks) : rows == 4 ? kernel_for<X, W, 4>(blocks)
+                   : rows == 5 ? kernel_for<X, W, 5>(blocks) : kernel_for<X, W, 6>(blocks);
 }
 
 // As amx_linear: groups of kVecBlocks output blocks split across threads; rows in passes of kRowsPerPass;
-// each thread takes its groups a chunk of about kChunkBytes at a time and runs every group of kVecRows rows
+// each thread takes its groups a chunk of about kChunkBytes at a time and runs every group of kVecRows<W> rows
 // of the pass through it. The order changes only which data is in cache, never how an output is summed.
-template <typename X>
+template <typename X, typename W>
 void vector_linear(const X* src, int64_t x_stride, int64_t rows, const at::Tensor& packed, at::Tensor& out) {
-  const int64_t n_blocks = packed.size(0), pairs = packed.size(1) * kBlockInputs / 2, outputs = out.size(1);
-  const int64_t group_bytes = kVecBlocks * pairs * 2 * kBlockOutputs * int64_t(sizeof(bf16));
+  const int64_t n_blocks = packed.size(0), inputs = packed.numel() / (n_blocks * kBlockOutputs);
+  const int64_t outputs = out.size(1), block_elements = inputs * kBlockOutputs;
+  const int64_t group_bytes = kVecBlocks * block_elements * int64_t(sizeof(W));
   const int64_t groups_per_chunk = std::max<int64_t>(1, kChunkBytes / group_bytes);
-  const bf16* weight = packed.data_ptr<bf16>();
-  bf16* dst = out.data_ptr<bf16>();
+  const W* weight = packed.data_ptr<W>();
+  W* dst = out.data_ptr<W>();
   at::parallel_for(0, (n_blocks + kVecBlocks - 1) / kVecBlocks, 1, [&](int64_t begin, int64_t end) {
-#ifdef __AVX512F__
-    const FlushDenormals flushed;  // what dot products do; for them, a no-op
-#endif
+    // What dot products do (for them, a no-op); fp32 weights keep denormals, as torch's fp32 matmuls do.
+    std::optional<FlushDenormals> flushed;
+    if constexpr (!std::is_same_v<W, float>) flushed.emplace();
     for (int64_t pass = 0; pass < rows; pass += kRowsPerPass) {
       const int64_t pass_end = std::min(rows, pass + kRowsPerPass);
       for (int64_t chunk = begin; chunk < end; chunk += groups_per_chunk) {
         const int64_t chunk_end = std::min(end, chunk + groups_per_chunk);
-        for (int64_t m = pass; m < pass_end; m += kVecRows) {
-          const int row_count = int(std::min<int64_t>(kVecRows, pass_end - m));
+        for (int64_t m = pass; m < pass_end; m += kVecRows<W>) {
+          const int row_count = int(std::min<int64_t>(kVecRows<W>, pass_end - m));
           for (int64_t group = chunk; group < chunk_end; ++group) {
             const int64_t n = group * kVecBlocks;
             const int block_count = int(std::min<int64_t>(kVecBlocks, n_blocks - n));
-            kernel_for<X>(row_count, block_count)(src + m * x_stride, x_stride,
-                                                  weight + n * pairs * 2 * kBlockOutputs, pairs,
-                                                  dst + m * outputs + n * kBlockOutputs, outputs);
+            kernel_for<X, W>(row_count, block_count)(src + m * x_stride, x_stride, weight + n * block_elements,
+                                                     inputs, dst + m * outputs + n * kBlockOutputs, outputs);
           }
         }
       }
@@ -350,11 +397,25 @@ std::vector<std::string> linear_products() {
   return ways;
 }
 
-// x [M, K] (rows may be strided) @ weight^T, the weight as pack_linear_weight returned it -> [M, N], the
-// products formed the way `products` names (one of linear_products()).
+// x [M, K] (rows may be strided) @ fp32 weight^T, the weight as pack_linear_weight returned it -> [M, N].
+at::Tensor fp32_linear(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be fp32, as the weight is");
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous() && packed.size(2) == kBlockOutputs,
+              "the weight must be packed by pack_linear_weight");
+  TORCH_CHECK(packed.size(1) == x.size(1), "x has ", x.size(1), " inputs, the weight ", packed.size(1));
+  at::Tensor out = at::empty({x.size(0), packed.size(0) * kBlockOutputs}, x.options());
+#ifdef __AVX512F__
+  if (x.size(0) > 0) vector_linear<float, float>(x.data_ptr<float>(), x.stride(0), x.size(0), packed, out);
+#endif
+  return out;
+}
+
+// x [M, K] (rows may be strided) @ weight^T, the weight as pack_linear_weight returned it -> [M, N]; bf16
+// products formed the way `products` names (one of linear_products()); fp32 weights have one way, FMAs.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::string& products) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16, "x must be a bf16 [M, K] "
-              "with contiguous rows");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
+  if (packed.scalar_type() == at::kFloat) return fp32_linear(x, packed);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "x must be bf16, as the weight is");
   TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
                   packed.size(2) == kBlockInputs / 2 && packed.size(3) == 2 * kBlockOutputs,
               "the weight must be packed by pack_linear_weight");
@@ -368,12 +429,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::stri
   if (products == "amx") amx_linear(x, packed, out);
 #endif
 #ifdef __AVX512BF16__
-  if (products == "dot") vector_linear(x.data_ptr<bf16>(), x.stride(0), x.size(0), packed, out);
+  if (products == "dot") vector_linear<bf16, bf16>(x.data_ptr<bf16>(), x.stride(0), x.size(0), packed, out);
 #endif
 #ifdef __AVX512F__
   if (products == "widened") {
     const at::Tensor wide = x.to(at::kFloat).contiguous();
-    vector_linear(wide.data_ptr<float>(), wide.stride(0), x.size(0), packed, out);
+    vector_linear<float, bf16>(wide.data_ptr<float>(), wide.stride(0), x.size(0), packed, out);
   }
 #endif
   return out;

@@ -1,7 +1,6 @@
-"""bf16 on the real model: a token's logits do not depend on what else is in the batch.
+"""bf16 and fp32 on the real model: a token's logits do not depend on what else is in the batch.
 
-That is what makes greedy speculation in bf16 token-for-token the output without
-it. (On this model the PyTorch reference attention, and SDPA over gathered
+That is what makes greedy speculation token-for-token the output without it. (On this model the PyTorch reference attention, and SDPA over gathered
 blocks before it, change logits by up to ~0.6 between the two ways below.)
 """
 import pytest
@@ -12,37 +11,40 @@ from engine.config import EngineConfig
 from engine.runner import ModelRunner, SequenceInput
 
 pytestmark = pytest.mark.e2e
-BF16 = EngineConfig(dtype=torch.bfloat16)
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 
 
-def bf16_runner() -> ModelRunner:
-    """The real model in bf16; the test is skipped where the runner found at load that its matmuls or
-    attention make a row depend on the others (CPUs whose kernels are not row independent)."""
-    runner = ModelRunner(resolve_model(), kv_cache_tokens=1024, engine=BF16)
+def invariant_runner(dtype: torch.dtype) -> ModelRunner:
+    """The real model in `dtype`; the test is skipped where the runner found at load that its matmuls or
+    attention make a row depend on the others (CPUs whose kernels are not row independent: fp32 without
+    AVX512F)."""
+    runner = ModelRunner(resolve_model(), kv_cache_tokens=1024, engine=EngineConfig(dtype=dtype))
     if not runner.batch_invariant:
-        pytest.skip("the engine's bf16 logits are not batch invariant on this CPU")
+        pytest.skip(f"the engine's {dtype} logits are not batch invariant on this CPU")
     return runner
 
 
-def test_bf16_logits_are_the_same_decoded_alone_or_verified_among_drafts_beside_others():
+@DTYPES
+def test_logits_are_the_same_decoded_alone_or_verified_among_drafts_beside_others(dtype):
     gen = torch.Generator().manual_seed(0)
     prompt, other, drafts = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (37, 300, 6))
-    alone = bf16_runner()
+    alone = invariant_runner(dtype)
     alone.forward([SequenceInput("s", prompt, 0, 1)])
     decoded = [alone.forward([SequenceInput("s", [t], 37 + i, 1)])[0] for i, t in enumerate(drafts)]
-    crowded = bf16_runner()
+    crowded = invariant_runner(dtype)
     crowded.forward([SequenceInput("o", other, 0, 1)])
     crowded.forward([SequenceInput("s", prompt, 0, 1), SequenceInput("x", other[:50], 0, 1)])
     verified = crowded.forward([SequenceInput("o", [5, 6, 7], 300, 3), SequenceInput("s", drafts, 37, 6)])[3:]
     assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))
 
 
-def test_bf16_a_prompt_prefilled_beside_long_ones_gets_the_logits_it_gets_alone():
+@DTYPES
+def test_a_prompt_prefilled_beside_long_ones_gets_the_logits_it_gets_alone(dtype):
     """Over 128 rows a matmul's rows may depend on the count (oneDNN's bf16 down projection did at 150-256
     rows): each prompt's prefill goes through the matmuls on its own."""
     gen = torch.Generator().manual_seed(1)
     prompt, long_one, other = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (60, 140, 30))
-    runner = bf16_runner()
+    runner = invariant_runner(dtype)
     alone = runner.forward([SequenceInput("alone", prompt, 0, 1)])[0]
     together = runner.forward([SequenceInput("long", long_one, 0, 1), SequenceInput("s", prompt, 0, 1),
                                SequenceInput("o", other, 0, 1)])[1]
@@ -54,10 +56,11 @@ def test_bf16_a_prompt_prefilled_beside_long_ones_gets_the_logits_it_gets_alone(
 TREE_CASES = [(5, 3), (30, 7), (61, 1), (190, 3), (190, 7)]
 
 
-def test_bf16_a_tree_node_gets_the_bits_its_path_gets_as_a_chain():
+@DTYPES
+def test_a_tree_node_gets_the_bits_its_path_gets_as_a_chain(dtype):
     """Verified in a tree whose path to it is not the first nodes, a node's logits are those of its path
     decoded as a chain: what keeps greedy tree speculation token for token the output without it."""
-    tree_runner, chain_runner = bf16_runner(), bf16_runner()
+    tree_runner, chain_runner = invariant_runner(dtype), invariant_runner(dtype)
     for case, (length, decoys) in enumerate(TREE_CASES):
         gen = torch.Generator().manual_seed(case)
         prompt, new = (torch.randint(0, 49152, (n,), generator=gen).tolist() for n in (length, 1 + decoys + 4))

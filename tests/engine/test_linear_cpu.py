@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from engine.linear_cpu import SPECD_BF16, PACKED, ROW_BUCKETS, LinearPlan, formulations, onednn_available
+from engine.linear_cpu import SPECD_PACKED, PACKED, ROW_BUCKETS, LinearPlan, formulations, onednn_available
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -28,10 +28,11 @@ def test_every_linear_formulation_matches_torch(name, rows, threads):
 
 
 def test_a_measured_plan_has_a_formulation_for_every_bucket_and_computes_x_times_weight():
-    plan = LinearPlan.measure([random_matrix(96, 48, seed=1), random_matrix(48, 96, seed=2)], repeats=1)
+    # 90 outputs: not blocks of 16, so specd's packed kernel declines them and the formulations are measured
+    plan = LinearPlan.measure([random_matrix(90, 48, seed=1), random_matrix(48, 90, seed=2)], repeats=1)
     assert len(plan.names) == len(ROW_BUCKETS) and set(plan.names) <= set(formulations())
     for rows in (1, 3, 300):
-        x, weight = random_matrix(rows, 48, seed=rows), random_matrix(96, 48, seed=3)
+        x, weight = random_matrix(rows, 48, seed=rows), random_matrix(90, 48, seed=3)
         torch.testing.assert_close(plan(x, weight), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
 
 
@@ -62,17 +63,30 @@ def test_bf16_weights_are_packed_once_and_a_rows_result_does_not_depend_on_the_b
                                atol=0.1, rtol=0.02)
 
 
-def test_bf16_weights_the_amx_kernel_takes_go_to_it_whole_whatever_the_row_count():
+def test_bf16_weights_the_packed_kernel_takes_go_to_it_whole_whatever_the_row_count():
     weights = [random_matrix(96, 64, seed=1).bfloat16(), random_matrix(64, 96, seed=2).bfloat16()]
     if kernels.pack_linear_weight(weights[0]) is None:
-        pytest.skip("no AMX on this CPU")
+        pytest.skip("no AVX512F on this CPU")
     plan = LinearPlan.measure(weights)
-    assert plan.names == (SPECD_BF16,) * len(ROW_BUCKETS) and plan.any_row_count
+    assert plan.names == (SPECD_PACKED,) * len(ROW_BUCKETS) and plan.any_row_count
     prepared = [plan.prepare(w) for w in weights]
     assert plan.rows_independent(prepared)
     x = random_matrix(300, 64, seed=3).bfloat16()
     assert torch.equal(plan.by_rows(x, prepared[0], [slice(0, 128), slice(128, 300)]), plan(x, prepared[0]))
     torch.testing.assert_close(plan(x, prepared[0]).float(), x.float() @ weights[0].float().t(), atol=1e-2, rtol=1e-2)
+
+
+def test_fp32_weights_the_packed_kernel_takes_go_to_it_whole_and_a_rows_result_does_not_depend_on_the_batch():
+    weights = [random_matrix(96, 64, seed=1), random_matrix(64, 96, seed=2)]
+    if kernels.pack_linear_weight(weights[0]) is None:
+        pytest.skip("no AVX512F on this CPU")
+    plan = LinearPlan.measure(weights)
+    assert plan.names == (SPECD_PACKED,) * len(ROW_BUCKETS) and plan.any_row_count
+    prepared = [plan.prepare(w) for w in weights]
+    assert plan.rows_independent(prepared)
+    x = random_matrix(300, 64, seed=3)
+    assert torch.equal(plan.by_rows(x, prepared[0], [slice(0, 128), slice(128, 300)]), plan(x, prepared[0]))
+    torch.testing.assert_close(plan(x, prepared[0]), x @ weights[0].t(), atol=1e-5, rtol=1e-5)
 
 
 def test_row_independence_is_checked_not_assumed():

@@ -1,6 +1,6 @@
-"""The bf16 matmul: x @ weight^T from a weight packed once (AMX tile products, AVX512-BF16 dot products, or
-widened fp32 FMAs), each row's result independent of the row count. Runs where the CPU has AVX512-BF16;
-elsewhere packing declines and the engine keeps oneDNN."""
+"""The packed matmul: x @ weight^T from a weight packed once (bf16 by AMX tile products, AVX512-BF16 dot
+products, or widened fp32 FMAs; fp32 by FMAs), each row's result independent of the row count. Runs where
+the CPU has AVX512F; elsewhere packing declines and the engine keeps oneDNN or MKL."""
 import pytest
 import torch
 
@@ -12,7 +12,7 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
 
 
 PACKS = cpu.pack_linear_weight(randn(16, 32)) is not None
-packs = pytest.mark.skipif(not PACKS, reason="no AVX512-BF16 on this CPU (or no compiler)")
+packs = pytest.mark.skipif(not PACKS, reason="no AVX512F on this CPU (or no compiler)")
 
 
 def ways() -> list[str]:
@@ -40,7 +40,7 @@ def test_every_way_of_forming_the_products_computes_the_same_matmul(products, ro
 
 
 @packs
-@pytest.mark.skipif(not PACKS or cpu.linear_products().many != "widened",
+@pytest.mark.skipif(not PACKS or cpu.linear_products().few == cpu.linear_products().many,
                     reason="this process forms every call's products one way")
 def test_widened_products_taken_for_many_rows_round_as_the_dot_products_for_few_do():
     weight = randn(96, 576, seed=1)
@@ -63,9 +63,9 @@ def test_a_way_the_cpu_cannot_form_is_an_error_naming_those_it_can():
 @packs
 def test_the_products_variable_names_one_way_for_every_call_and_rejects_others(monkeypatch):
     try:
-        monkeypatch.setenv(cpu.PRODUCTS_VARIABLE, "dot")
+        monkeypatch.setenv(cpu.PRODUCTS_VARIABLE, ways()[0])
         cpu.linear_products.cache_clear()
-        assert cpu.linear_products().for_rows(1) == cpu.linear_products().for_rows(300) == "dot"
+        assert cpu.linear_products().for_rows(1) == cpu.linear_products().for_rows(300) == ways()[0]
         monkeypatch.setenv(cpu.PRODUCTS_VARIABLE, "tiles")
         cpu.linear_products.cache_clear()
         expected = f"SPECD_LINEAR_PRODUCTS='tiles': this CPU can form {', '.join(ways())}$"
@@ -92,11 +92,30 @@ def test_a_rows_result_does_not_depend_on_the_row_count_or_the_row_stride():
 def test_packing_declines_what_the_tiles_cannot_hold():
     assert dispatch.pack_linear_weight(randn(20, 32)) is None  # outputs not a multiple of 16
     assert dispatch.pack_linear_weight(randn(16, 40)) is None  # inputs not a multiple of 32
-    assert dispatch.pack_linear_weight(randn(16, 32).float()) is None
     assert dispatch.pack_linear_weight(randn(16, 32).half()) is None
+    assert dispatch.pack_linear_weight(randn(20, 32).float()) is None
 
 
 @packs
 def test_a_mismatched_input_width_is_an_error_naming_both():
     with pytest.raises(RuntimeError, match="x has 64 inputs, the weight 32"):
         cpu.linear(randn(2, 64), cpu.pack_linear_weight(randn(16, 32)))
+
+
+@packs
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 17, 300])
+@pytest.mark.parametrize("outputs,inputs", [(16, 1), (48, 576), (576, 1536)])
+def test_fp32_weights_compute_x_times_weight_transposed_a_rows_result_whatever_the_row_count(rows, outputs, inputs):
+    x, weight = randn(rows, inputs, seed=rows).float(), randn(outputs, inputs, seed=1).float()
+    packed = dispatch.pack_linear_weight(weight)
+    out = dispatch.packed_linear(x, packed)
+    assert out.shape == (rows, outputs) and out.dtype == torch.float32
+    torch.testing.assert_close(out, x @ weight.t(), atol=1e-4, rtol=1e-5)
+    for row in range(0, rows, 7):
+        assert torch.equal(dispatch.packed_linear(x[row:row + 1], packed), out[row:row + 1])
+
+
+@packs
+def test_fp32_weights_take_fp32_rows_only():
+    with pytest.raises(RuntimeError, match="x must be fp32, as the weight is"):
+        cpu.linear(randn(2, 32), cpu.pack_linear_weight(randn(16, 32).float()))
