@@ -14,8 +14,8 @@
 // Which way a process takes is the caller's (`products`), fixed for the process.
 //
 // fp32: [N / 16, K, 16], input k of the 16 outputs side by side: one fp32 FMA a row and input. MKL's GEMM
-// took a forward of 3-4 tokens at batch 1 nearly twice what one token took on a 2-core Xeon; these stream
-// the weights once for up to kVecRows rows at a time.
+// took a forward of 3-4 tokens at batch 1 nearly twice what one token took on a 2-core Xeon; this streams
+// each weight once for up to kVecRows<float> (6) rows at a time.
 //
 // Each way is its own sequence of products over K in a fixed order, so a row's result is bit-identical
 // whatever the row count and however the work is split: batch invariant by construction.
