@@ -100,9 +100,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor, products: str | None = None) -
     """x [M, K] @ weight^T -> [M, N], the weight as `pack_linear_weight` returned it; each output row
     bit-identical whatever the row count (linear.cpp). `products`: how they are formed (one of
     `torch.ops.specd.linear_products()`), by default as this process's `linear_products()` says for M rows;
-    fp32 weights have one way, fp32 FMAs."""
+    fp32 weights have one way, "fma" (fp32 FMAs)."""
     if packed.dtype == torch.float32:
-        return _op("linear")(x, packed, "fma")
+        return _op("linear")(x, packed, products or "fma")
     return _op("linear")(x, packed, products or linear_products().for_rows(x.shape[0]))
 
 

@@ -186,6 +186,11 @@ void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) 
 inline void prefetch_ahead(const bf16* pair_weights) {
   _mm_prefetch(reinterpret_cast<const char*>(pair_weights + kPrefetchPairs * 2 * kBlockOutputs), _MM_HINT_T0);
 }
+
+// The same for fp32 weights: kPrefetchInputs inputs past `input_weights`.
+inline void prefetch_ahead(const float* input_weights) {
+  _mm_prefetch(reinterpret_cast<const char*>(input_weights + kPrefetchInputs * kBlockOutputs), _MM_HINT_T0);
+}
 #endif
 
 #ifdef __AVX512BF16__
@@ -272,7 +277,7 @@ void fp32_products(const float* x, int64_t x_stride, const float* b, int64_t inp
     __m512 w[BLOCKS];
     for (int n = 0; n < BLOCKS; ++n) {
       const float* input_weights = b + n * block_elements + k * kBlockOutputs;
-      _mm_prefetch(reinterpret_cast<const char*>(input_weights + kPrefetchInputs * kBlockOutputs), _MM_HINT_T0);
+      prefetch_ahead(input_weights);
       w[n] = _mm512_loadu_ps(input_weights);
     }
     for (int r = 0; r < ROWS; ++r) {
@@ -414,7 +419,10 @@ at::Tensor fp32_linear(const at::Tensor& x, const at::Tensor& packed) {
 // products formed the way `products` names (one of linear_products()); fp32 weights have one way, FMAs.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::string& products) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
-  if (packed.scalar_type() == at::kFloat) return fp32_linear(x, packed);
+  if (packed.scalar_type() == at::kFloat) {
+    TORCH_CHECK(products == "fma", "fp32 weights take \"fma\" products, not \"", products, "\"");
+    return fp32_linear(x, packed);
+  }
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "x must be bf16, as the weight is");
   TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
                   packed.size(2) == kBlockInputs / 2 && packed.size(3) == 2 * kBlockOutputs,

@@ -116,6 +116,9 @@ def test_fp32_weights_compute_x_times_weight_transposed_a_rows_result_whatever_t
 
 
 @packs
-def test_fp32_weights_take_fp32_rows_only():
+def test_fp32_weights_take_fp32_rows_and_fma_products_only():
+    packed = cpu.pack_linear_weight(randn(16, 32).float())
     with pytest.raises(RuntimeError, match="x must be fp32, as the weight is"):
-        cpu.linear(randn(2, 32), cpu.pack_linear_weight(randn(16, 32).float()))
+        cpu.linear(randn(2, 32), packed)
+    with pytest.raises(RuntimeError, match='fp32 weights take "fma" products, not "dot"'):
+        cpu.linear(randn(2, 32).float(), packed, "dot")
