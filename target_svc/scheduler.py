@@ -300,6 +300,7 @@ class Scheduler:
         ask each method's drafter for: each drafter has its own gate, because what its asks cost and gain is
         its own."""
         wanted: dict[str, list[tuple[Sequence, int]]] = {}
+        self._drafters.new_step()
         # What waiting for each drafter costs one sequence, in tokens: the share of a plain decoding step its
         # round trip is (the batch decodes one token a sequence a step, and all of them wait).
         round_trip_cost = {method: gate.round_trip / plain_seconds for method, gate in self._gates.items()

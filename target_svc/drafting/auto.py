@@ -14,11 +14,14 @@ CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's a
 (MEMORY), the record for 8: scored at shadow steps (below), it compares the drafters at the same steps of
 every sequence, and at 2 the sequences' few noisy asks moved them among drafters of about the same worth.
 
-Every SHADOW_EVERY asks, the other drafters are asked beside the chosen one, and their drafts, never
-verified, are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the path a greedy
+Every SHADOW_EVERY steps of the deployment, the other drafters are asked beside the chosen one, and their
+drafts, never verified, are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the path a greedy
 verification would have accepted, less what verifying the draft would have cost). A drafter is thus compared
 with the others at the same steps of the same text, and the deployment's record learns from every drafter at
-once, for the price of a concurrent round trip. (Exploring instead by a verified ask of the drafter asked
+once, for the price of a concurrent round trip. The steps are the deployment's, not each sequence's: a
+step that asks every drafter waits for the slowest, and their work takes the target's cores, so every
+sequence's shadow asks go in the same steps. (Counted by each sequence's own asks, at 32 clients some
+sequence had a shadow ask in nearly every step, and every step waited for every drafter.) (Exploring instead by a verified ask of the drafter asked
 longest ago, every 8th ask went to a drafter that mostly paid less, and the record heard from each drafter
 once in ~40 asks: on a fresh stack its first prompts' asks went to drafters that had come out well in two
 trials, and `auto` drafted a fifth of what `suffix` did on them; 0.935x `suffix` overall. Every 32nd ask, it
@@ -45,7 +48,7 @@ from target_svc.drafting.means import warmed
 
 AUTO_SCHEMA = OptionSchema(AUTO_METHOD)  # no options: each drafter runs on its deployment defaults
 TRIALS = 2
-SHADOW_EVERY = 8  # asks between those that ask the other drafters alongside
+SHADOW_EVERY = 8  # steps between those that ask the other drafters alongside
 PRIOR_ASKS = 8.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
 MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
 RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record
@@ -62,6 +65,15 @@ class MethodRecord:
     def __init__(self):
         self.gain: dict[str, float] = {}
         self.asks: dict[str, int] = {}
+        self.steps = 0  # the deployment's steps so far: every SHADOW_EVERY-th is a shadow step
+
+    def new_step(self) -> None:
+        self.steps += 1
+
+    @property
+    def shadow_step(self) -> bool:
+        """Whether this step asks the other drafters beside each sequence's choice."""
+        return self.steps % SHADOW_EVERY == 0
 
     def observe(self, method: str, gain: float) -> None:
         """Warmed (`means.warmed`): moving from its first ask alone, the record kept a drafter's one try on
@@ -94,11 +106,10 @@ class MethodChooser:
 
     def __init__(self, methods: list[str], record: MethodRecord | None = None):
         self._methods = list(methods)
-        self._record = record if record is not None else MethodRecord()
+        self.record = record if record is not None else MethodRecord()  # the deployment's, shared
         # Per method this sequence asked: its gains and its asks, the earlier ones weighing MEMORY less at each ask.
         self._gains: dict[str, float] = {}
         self._weights: dict[str, float] = {}
-        self._total_asks = 0
         self._pending: list[ShadowDraft] = []
         self.current = self._methods[0]  # the latest choice
         self._why = "trial"  # and why it was made
@@ -108,14 +119,14 @@ class MethodChooser:
         """The method to ask this step, and why: "trial" or "best" (with `shadows` set). `round_trip_cost`:
         by method, the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
         self.current, self._why = self._choice(round_trip_cost)
-        shadow_step = self._why == "best" and self._total_asks % SHADOW_EVERY == SHADOW_EVERY - 1
+        shadow_step = self._why == "best" and self.record.shadow_step
         self.shadows = [m for m in self._methods if m != self.current] if shadow_step else []
         return self.current, self._why
 
     def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
-        untried = [m for m in self._methods if self._record.asks.get(m, 0) < TRIALS]
+        untried = [m for m in self._methods if self.record.asks.get(m, 0) < TRIALS]
         if untried:
-            return min(untried, key=lambda m: (self._record.asks.get(m, 0), self._methods.index(m))), "trial"
+            return min(untried, key=lambda m: (self.record.asks.get(m, 0), self._methods.index(m))), "trial"
         return max(self._methods, key=lambda m: (self._expected(m) - round_trip_cost.get(m, 0.0),
                                                  -self._methods.index(m))), "best"
 
@@ -124,14 +135,13 @@ class MethodChooser:
         record, which counts as the asks it holds, up to PRIOR_ASKS (a drafter the record has few asks of
         stands on them: lifted by a lucky trial and counted as 8, the record kept sequences on `lookahead`
         for a sixth of their asks)."""
-        prior = min(PRIOR_ASKS, self._record.asks[method])
-        return ((prior * self._record.gain[method] + self._gains.get(method, 0.0))
+        prior = min(PRIOR_ASKS, self.record.asks[method])
+        return ((prior * self.record.gain[method] + self._gains.get(method, 0.0))
                 / (prior + self._weights.get(method, 0.0)))
 
     def observe(self, method: str, gain: float) -> None:
         """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft)."""
         self._count(method, gain, on_the_record=self._why != "best" or bool(self.shadows))
-        self._total_asks += 1
 
     def shadowed(self, shadow: ShadowDraft) -> None:
         """A drafter asked beside the chosen one drafted `shadow` (an empty draft where it had none)."""
@@ -152,4 +162,4 @@ class MethodChooser:
         self._gains[method] = MEMORY * self._gains.get(method, 0.0) + gain
         self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
         if on_the_record:
-            self._record.observe(method, gain)
+            self.record.observe(method, gain)

@@ -70,6 +70,10 @@ class Drafters:
         return seq.speculative.method in self._sources or (seq.speculative.method == AUTO_METHOD
                                                            and bool(self.auto_methods))
 
+    def new_step(self) -> None:
+        """A step is about to ask: `auto`'s shadow steps are counted in these."""
+        self._auto_record.new_step()
+
     def choose_method(self, seq: Sequence, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
         """The drafter to ask for the sequence this step, and why ("method": its own). `round_trip_cost`: by
         method, the tokens an ask's round trip is worth to one sequence."""

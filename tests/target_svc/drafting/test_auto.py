@@ -18,6 +18,8 @@ from tests.target_svc.test_scheduler import sequence
 
 
 def ask(chooser: MethodChooser, gains: dict[str, float]) -> tuple[str, str]:
+    """One step of the deployment, in which the chooser's sequence asks and its choice gains `gains`."""
+    chooser.record.new_step()
     method, why = chooser.choose()
     chooser.observe(method, gains[method])
     return method, why
@@ -87,6 +89,7 @@ def test_a_record_lifted_by_a_lucky_ask_does_not_keep_a_sequence_asking_a_drafte
     round_trip_cost = {"suffix": 0.07}  # lookahead's window rides in the forward: no round trip
     choices = []
     for _ in range(128):
+        record.new_step()
         method, why = chooser.choose(round_trip_cost)
         chooser.observe(method, {"suffix": 0.3, "lookahead": 0.0}[method])
         choices.append((method, why))
@@ -128,6 +131,25 @@ def test_every_few_asks_the_other_drafters_are_asked_beside_the_choice():
     assert shadows == ([[]] * (SHADOW_EVERY - 1) + [["suffix", "lookahead"]]) * 2
 
 
+def test_the_sequences_of_a_batch_ask_the_other_drafters_in_the_same_steps():
+    """A step that asks every drafter waits for the slowest: one such step in SHADOW_EVERY, not one for
+    each sequence whose own count of asks came round."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("ngram", 1.0)
+        record.observe("suffix", 0.5)
+    choosers = {"early": MethodChooser(["ngram", "suffix"], record)}
+    shadow_steps = {"early": [], "late": []}
+    for step in range(1, 3 * SHADOW_EVERY + 1):
+        record.new_step()
+        if step == 4:  # a sequence joins the batch
+            choosers["late"] = MethodChooser(["ngram", "suffix"], record)
+        for name, chooser in choosers.items():
+            if chooser.choose() == ("ngram", "best") and chooser.shadows:
+                shadow_steps[name].append(step)
+    assert shadow_steps == {"early": [8, 16, 24], "late": [8, 16, 24]}
+
+
 def test_a_sequence_held_by_the_record_on_one_drafter_moves_to_the_one_its_shadow_asks_show_gains_more():
     """The record said n-gram (its trials were lucky); at every shadow step suffix's draft, not verified,
     would have been accepted further: the sequence's choice and the record follow the shadows."""
@@ -138,6 +160,7 @@ def test_a_sequence_held_by_the_record_on_one_drafter_moves_to_the_one_its_shado
     chooser = MethodChooser(["ngram", "suffix"], record)
     tokens = list(range(100))
     for _ in range(6 * SHADOW_EVERY):
+        record.new_step()
         method, _ = chooser.choose()
         for shadow in chooser.shadows:  # suffix drafts the next four tokens right, at a price of half a token
             chooser.shadowed(ShadowDraft(shadow, len(tokens), DraftTree.chain(list(range(len(tokens),
