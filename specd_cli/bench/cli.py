@@ -10,7 +10,6 @@ import asyncio
 import datetime
 import importlib.util
 import math
-import signal
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -20,6 +19,7 @@ from specd_cli.bench.errors import BenchError
 from specd_cli.bench.gateway_requests import PROTOCOLS
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
 from specd_cli.bench.records import BASELINE_SYSTEMS
+from specd_cli.signals import interrupt_on_sigterm
 from specd_cli.soak import cli as soak_cli
 
 BENCH_EXTRA = ("matplotlib", "tqdm")  # what `pip install 'specd[bench]'` adds for plots and progress bars
@@ -146,12 +146,6 @@ def run_serve(args: argparse.Namespace) -> int:
     return _run(_serve, args)
 
 
-def _interrupt(signum: int, frame) -> None:
-    """SIGTERM as Ctrl-C: the run unwinds, and the stacks it started are stopped on the way out (Python's
-    default for SIGTERM ends the process on the spot, leaving every service of them running)."""
-    raise KeyboardInterrupt
-
-
 def _run(command, args: argparse.Namespace) -> int:
     if missing := [name for name in BENCH_EXTRA if importlib.util.find_spec(name) is None]:
         print(f"specd bench: needs {' and '.join(missing)}: pip install 'specd[bench]'", file=sys.stderr)
@@ -162,7 +156,7 @@ def _run(command, args: argparse.Namespace) -> int:
     if args.gateway and not (args.target or args.methods):
         print("specd bench: with --gateway, pass --methods (e.g. none,ngram) or --target", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     try:
         return asyncio.run(command(args))
     except BenchError as err:

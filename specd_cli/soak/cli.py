@@ -10,6 +10,7 @@ from pathlib import Path
 
 from specd.model_store import DEFAULT_MODEL
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH
+from specd_cli.signals import interrupt_on_sigterm
 from specd_cli.soak.settings import SoakSettings
 
 DEFAULTS = SoakSettings()
@@ -73,6 +74,7 @@ def run_soak(args: argparse.Namespace) -> int:
     if settings.kill and settings.kill not in stack.services:
         print(f"specd bench soak: no service {settings.kill} (there are: {', '.join(stack.services)})", file=sys.stderr)
         return 2
+    interrupt_on_sigterm()
     with supervised(stack):
         report = asyncio.run(soak(stack, settings, prompts, served_methods(stack.address("target"))))
     print(report.text())
