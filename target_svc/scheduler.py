@@ -305,12 +305,12 @@ class Scheduler:
         # round trip is (the batch decodes one token a sequence a step, and all of them wait).
         round_trip_cost = {method: gate.round_trip / plain_seconds for method, gate in self._gates.items()
                            if gate.round_trip is not None and plain_seconds > 0}
-        for seq in decodes:
-            if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0:
-                method, why = self._drafters.choose_method(seq, round_trip_cost)
-                if seq.chooser is not None:
-                    self._metrics.auto_choices.labels(method, why).inc()
-                wanted.setdefault(method, []).append((seq, k))
+        budgets = [(seq, k) for seq in decodes if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0]
+        choices = self._drafters.choose_methods([seq for seq, _ in budgets], round_trip_cost)
+        for (seq, k), (method, why) in zip(budgets, choices):
+            if seq.chooser is not None:
+                self._metrics.auto_choices.labels(method, why).inc()
+            wanted.setdefault(method, []).append((seq, k))
         asking = {method: group for method, group in wanted.items()
                   if self._gate(method).worth_asking([s for s, _ in group], len(decodes), plain_seconds,
                                                      self._step_seconds, drafters=len(wanted))}

@@ -123,6 +123,13 @@ class MethodChooser:
         self.shadows = [m for m in self._methods if m != self.current] if shadow_step else []
         return self.current, self._why
 
+    def follow(self, method: str) -> None:
+        """This step asks `method` for the sequence instead of its "best" choice (the drafter most of the
+        batch chose: `Drafters.choose_methods`); what the ask gains counts for `method`."""
+        self.current = method
+        if self.shadows:
+            self.shadows = [m for m in self._methods if m != method]
+
     def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
         untried = [m for m in self._methods if self.record.asks.get(m, 0) < TRIALS]
         if untried:

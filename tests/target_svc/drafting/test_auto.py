@@ -203,6 +203,27 @@ async def test_lookahead_is_shadowed_by_the_draft_of_its_n_gram_pool_made_in_the
     assert answers.drafts["a"] == DraftTree.chain([6], [0.5])
 
 
+def test_auto_sequences_whose_best_choices_differ_all_ask_the_drafter_most_of_them_chose():
+    """Each drafter a step asks costs the batch its round trip and its work on the target's cores."""
+    drafters = Drafters([OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)], vocab_size=64)
+    batch = [sequence(name) for name in "abc"]
+    for seq in batch:
+        seq.speculative = SpeculativeConfig(method="auto")
+    gains = {"a": {"ngram": 0.2, "suffix": 1.0}, "b": {"ngram": 0.2, "suffix": 1.0}, "c": {"ngram": 2.0, "suffix": 0.0}}
+
+    def step(seqs):
+        drafters.new_step()
+        choices = drafters.choose_methods(seqs, {})
+        for seq, (method, _) in zip(seqs, choices):
+            seq.chooser.observe(method, gains[seq.request_id][method])
+        return choices
+
+    assert step(batch) == [("ngram", "trial")] * 3 and step(batch) == [("suffix", "trial")] * 3
+    assert step(batch) == [("suffix", "best"), ("suffix", "best"), ("suffix", "batch")]
+    assert batch[2].drafting_method == "suffix"
+    assert step(batch[2:]) == [("ngram", "best")]  # alone, it asks its own choice
+
+
 def test_fused_is_a_method_of_its_own_but_not_one_auto_chooses():
     drafters = Drafters([OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)], vocab_size=64)
     asyncio.run(drafters.start())
