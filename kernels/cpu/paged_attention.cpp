@@ -166,6 +166,7 @@ class TileAttention {
       }
     }
     follow_path(-1);
+    prepared_chunk_ = -1;
     q_.resize(kDotProducts ? 0 : rows_ * p.head_dim);
     q_lanes_.assign(kDotProducts ? (rows_ + kTileRows - 1) / kTileRows * kTileRows * lanes_ : 0, 0);
     acc_.assign(rows_ * vecs_, f32x16{});
@@ -231,8 +232,12 @@ class TileAttention {
     find_values(value_cache, chunk);
     mark_visible(chunk, first_query, last_query);
     if (p_->amx) return attend_tiles();  // every row of the tile: AMX tiles hold one tree query (tiles_by_cost)
-    if constexpr (!kDotProducts) unpack_chunk();
-    convert_values();
+    // A tree's queries go through the chunk holding its new tokens one after another: what the previous one
+    // converted of the sub-chunks before the new tokens, read in place by every query, is still here.
+    const int64_t kept = chunk == prepared_chunk_ ? cached_sub_chunks(chunk) : 0;
+    if constexpr (!kDotProducts) unpack_chunk(kept);
+    convert_values(kept * kLanes);
+    prepared_chunk_ = chunk;
     for (int64_t r = first_query * group_; r < last_query * group_; r += kRowGroup) {
       switch (std::min(kRowGroup, last_query * group_ - r)) {
         case 1: attend_rows<1>(r); break;
@@ -308,13 +313,19 @@ class TileAttention {
 
   // A tree query's chunk: each position's values copied from where the path's node sits to where the
   // position would be in a block of the value cache (gathered_values_, 16 positions a sub-chunk), so the
-  // weighted sums read them in the same order and lanes as from the cache.
+  // weighted sums read them in the same order and lanes as from the cache. A sub-chunk wholly before the
+  // new tokens is read in place, as find_keys reads its keys.
   void gather_values(const scalar_t* value_cache, int64_t chunk) {
     const int64_t row = p_->head_dim * P;  // values of P positions, each dim's side by side
+    const int64_t in_place = cached_sub_chunks(chunk) * kLanes;
     for (int64_t j = 0; j < count_; ++j) {
       const int64_t position = slot_position(chunk + j);
       const scalar_t* src = value_cache + ((table_[position / p_->block_size] * p_->num_kv_heads + kv_head_) *
                                                p_->block_size + position % p_->block_size / P * P) * p_->head_dim;
+      if (j < in_place) {
+        value_rows_[j] = src;
+        continue;
+      }
       scalar_t* dst = &gathered_values_[(j / P) * row];
       for (int64_t d = 0; d < p_->head_dim; ++d) dst[d * P + j % P] = src[d * P + position % P];
       value_rows_[j] = dst;
@@ -329,18 +340,25 @@ class TileAttention {
   // Whether any position up to `last` is read from elsewhere (a tree path off its positions).
   bool moved(int64_t last) const { return remapped_ && last >= start_; }
 
+  // The chunk's leading sub-chunks that lie wholly before the new tokens: every query reads them in place.
+  int64_t cached_sub_chunks(int64_t chunk) const {
+    return std::clamp<int64_t>((start_ - chunk) / kLanes, 0, kSubChunks);
+  }
+
   // The chunk's keys as fp32 vectors, for the generic scores (keys_t_[c * Dh + d]: dim d of sub-chunk c).
-  void unpack_chunk() {
-    for (int64_t c = 0; c < kSubChunks; ++c) {
+  // Sub-chunks before `first_sub_chunk` are left as they are.
+  void unpack_chunk(int64_t first_sub_chunk) {
+    for (int64_t c = first_sub_chunk; c < kSubChunks; ++c) {
       if (groups_[c] == nullptr) continue;  // its positions are never seen
       for (int64_t g = 0; g < lanes_; ++g) unpack_keys(groups_[c] + g * stride_[c], &keys_t_[c * p_->head_dim + g * P]);
     }
   }
 
   // The chunk's values as fp32 vectors, converted once for all the tile's rows (chunk_values_[j * vecs_ + v]:
-  // dims 16 v .. 16 v + 15 of position j); the conversion is exact, so the sums are what they were.
-  void convert_values() {
-    for (int64_t j = 0; j < count_; ++j) {
+  // dims 16 v .. 16 v + 15 of position j); the conversion is exact, so the sums are what they were. Positions
+  // before `first` are left as they are.
+  void convert_values(int64_t first) {
+    for (int64_t j = first; j < count_; ++j) {
       load_values(value_rows_[j], (chunk_ + j) % P, p_->head_dim, &chunk_values_[j * vecs_]);
     }
   }
@@ -575,6 +593,7 @@ class TileAttention {
   std::vector<float> rescale_;              // with AMX, [rows]: the chunk's rescale of each row's sums
   std::vector<scalar_t> weights_;           // with AMX, [16][64]: a tile's rows' weights as the model dtype
   int64_t chunk_ = 0, count_ = 0;           // the chunk's first position; its positions up to the limit
+  int64_t prepared_chunk_ = -1;             // the chunk whose keys and values were last unpacked and converted
   const scalar_t* groups_[kSubChunks];
   int64_t stride_[kSubChunks];
   const scalar_t* value_rows_[kChunk];

@@ -265,16 +265,17 @@ def test_in_bf16_a_token_gets_the_same_logits_alone_or_verified_among_drafts_bes
     assert all(torch.equal(d, v) for d, v in zip(decoded, verified, strict=True))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_in_bf16_each_tree_node_gets_the_bits_its_path_gets_as_a_chain(tiny_model_dir, block_size):
+def test_each_tree_node_gets_the_bits_its_path_gets_as_a_chain(tiny_model_dir, block_size, dtype):
     """What greedy tree verification needs: a node's logits are those its path gets once accepted, moved into
     place and decoded on, however many branches share the tree (past 64 cached tokens the branches read the
-    prefix's chunks together)."""
+    prefix's chunks together, and the sub-chunks of the chunk holding the new tokens that lie before them)."""
     prompt, (a, b, c, d, e) = tokens(150, 26), tokens(5, 27)
-    bf16 = EngineConfig(dtype=torch.bfloat16)
+    engine = EngineConfig(dtype=dtype)
 
     def prefilled() -> ModelRunner:
-        runner = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=block_size, engine=bf16)
+        runner = ModelRunner(tiny_model_dir, kv_cache_tokens=512, block_size=block_size, engine=engine)
         runner.forward([SequenceInput("s", prompt, 0, 1)])
         return runner
 
