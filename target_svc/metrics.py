@@ -40,8 +40,9 @@ class TargetMetrics:
         self.auto_choices = Counter(
             "specd_auto_method_choices",
             "Drafter asks for `method: auto` sequences, by the drafter chosen and why: trial (each is tried in "
-            "turn first), best (what has gained the sequence most), batch (the drafter most of the step's auto sequences chose, in place of this one's best: one drafter a step), shadow (asked beside the best one, its draft "
-            "scored against the tokens that followed, not verified)",
+            "turn first), best (what has gained the sequence most), batch (the drafter most of the step's auto "
+            "sequences chose, in place of this one's best: one drafter a step), shadow (asked beside the best one, "
+            "its draft scored against the tokens that followed, not verified)",
             ["method", "reason"], registry=r)
         self.window_tokens = Counter(
             "specd_window_tokens",

@@ -15,13 +15,13 @@ CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's a
 every sequence, and at 2 the sequences' few noisy asks moved them among drafters of about the same worth.
 
 Every SHADOW_EVERY steps of the deployment, the other drafters are asked beside the chosen one, and their
-drafts, never verified, are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the path a greedy
-verification would have accepted, less what verifying the draft would have cost). A drafter is thus compared
-with the others at the same steps of the same text, and the deployment's record learns from every drafter at
-once, for the price of a concurrent round trip. The steps are the deployment's, not each sequence's: a
-step that asks every drafter waits for the slowest, and their work takes the target's cores, so every
-sequence's shadow asks go in the same steps. (Counted by each sequence's own asks, at 32 clients some
-sequence had a shadow ask in nearly every step, and every step waited for every drafter.) (Exploring instead by a verified ask of the drafter asked
+drafts, never verified, are scored against the tokens the sequence goes on to produce (`ShadowDraft`: the
+path a greedy verification would have accepted, less what verifying the draft would have cost). A drafter is
+thus compared with the others at the same steps of the same text, and the deployment's record learns from
+every drafter at once, for the price of a concurrent round trip. The steps are the deployment's, not each
+sequence's: a step that asks every drafter waits for the slowest, and their work takes the target's cores,
+so every sequence's shadow asks go in the same steps (counted by each sequence's own asks, at 32 clients
+some sequence had a shadow ask in nearly every step). (Exploring instead by a verified ask of the drafter asked
 longest ago, every 8th ask went to a drafter that mostly paid less, and the record heard from each drafter
 once in ~40 asks: on a fresh stack its first prompts' asks went to drafters that had come out well in two
 trials, and `auto` drafted a fifth of what `suffix` did on them; 0.935x `suffix` overall. Every 32nd ask, it

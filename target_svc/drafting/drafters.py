@@ -87,7 +87,8 @@ class Drafters:
         choices = [self._choose_method(seq, round_trip_cost) for seq in wanting]
         best = Counter(method for method, why in choices if why == "best")
         if len(best) > 1:
-            batch_method = max(best, key=lambda m: (best[m], -self.auto_methods.index(m)))
+            order = self.auto_methods  # ties go to the drafter listed first
+            batch_method = max(best, key=lambda m: (best[m], -order.index(m)))
             for index, (seq, (method, why)) in enumerate(zip(wanting, choices)):
                 if why == "best" and method != batch_method:
                     seq.chooser.follow(batch_method)

@@ -87,4 +87,3 @@ def test_plots_are_written_as_png(tmp_path):
     serve = [ServeSummary(m, c, 4, 0, 2.0, 2.0, 30.0, pct, pct, pct, pct) for m in ("none", "ngram") for c in (1, 4)]
     for path in (plot_speedup_by_category(spec, tmp_path / "s.png"), plot_serving(serve, tmp_path / "v.png")):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
