@@ -18,8 +18,16 @@ against 560 ms for 32 tokens after 0 and after 7,936).
 
 The terms are fitted by non-negative least squares to a short profile at start-up and then to every
 real step, recent steps weighing more (the profile keeps its weight, so the fit stays determined when
-the load is steady). The scheduler asks it what verifying more draft tokens would cost and keeps the
-drafts that raise the batch's tokens out per second (`choose_drafts`).
+the load is steady): that fit says how long steps take (the prefill budget, the drafters' gates, the
+predicted seconds exported). Draft tokens are priced against decodes by the profile's fit alone
+(`quiet`): the target on its own cores. Under load the gateway's, the clients' and the drafters' work
+for each stream runs beside every forward, and fitted online it went to the terms that grow with the
+step's sequences: a decode looked 2.0 times as dear as in the profile and a draft token as dear as
+there, so the batch verified drafts that did not pay (at 42 decodes the online fit kept draft tokens
+from a 42% chance of acceptance, the profile's from 60%; a forward of 40 decodes alone measured 138 ms,
+each draft token beside them 1.5 ms, so 66% breaks even with the margin). That work comes with the
+tokens streamed, whether a decode or an accepted draft token brought them, or slows the forward as a
+whole; either way the ratio of a draft token's price to a decode's is the quiet one.
 """
 from __future__ import annotations
 
@@ -65,6 +73,24 @@ class StepShape:
         for cached, new in spans:
             tokens, context, pairs = tokens + new, context + cached + new, pairs + attention_pairs(cached, new)
         return cls(tokens, context, pairs)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One fit of the terms, and the knees they bend at."""
+    knees: Knees
+    coefficients: Coefficients
+
+    def predict(self, shape: StepShape) -> float:
+        return sum(c * x for c, x in zip(self.coefficients, features(shape, self.knees)))
+
+    def token_seconds(self, position: int, step_tokens: int) -> float:
+        """What one more new token at `position` (0-based, in its sequence) adds to a step that has
+        `step_tokens` new tokens already."""
+        c = self.coefficients
+        past = (c.per_token_past_first_knee, c.per_token_past_second_knee)
+        slope = c.per_token + sum(extra for knee, extra in zip(self.knees, past) if step_tokens >= knee)
+        return slope + c.per_context + c.per_pair * (position + 1)
 
 
 def attention_pairs(cached: int, new: int) -> int:
@@ -127,32 +153,30 @@ class StepCostModel:
         self._fixed, self._online = _Moments(), _Moments()  # the profile's (or the prior's), kept; the steps', decayed
         for shape, seconds in _PRIOR:
             self._fixed.add(features(shape, self.knees), seconds, _PRIOR_WEIGHT)
-        self._coefficients = self._solve(self._fixed, self._online)
+        self._fit = Fit(self.knees, self._solve(self._fixed, self._online))
+        self.quiet = self._fit  # the profile's fit alone (the prior's before it): what draft tokens are priced by
 
     @property
     def coefficients(self) -> Coefficients:
-        return self._coefficients
+        return self._fit.coefficients
 
     def predict(self, shape: StepShape) -> float:
-        return sum(c * x for c, x in zip(self._coefficients, features(shape, self.knees)))
+        return self._fit.predict(shape)
 
     def token_seconds(self, position: int, step_tokens: int) -> float:
         """What one more new token at `position` (0-based, in its sequence) adds to a step that has
         `step_tokens` new tokens already."""
-        c = self._coefficients
-        past = (c.per_token_past_first_knee, c.per_token_past_second_knee)
-        slope = c.per_token + sum(extra for knee, extra in zip(self.knees, past) if step_tokens >= knee)
-        return slope + c.per_context + c.per_pair * (position + 1)
+        return self._fit.token_seconds(position, step_tokens)
 
     def chunk_seconds(self, cached: int, new: int) -> float:
         """What `new` tokens of a sequence after `cached` ones add to a step, priced past the knees (prompt
         chunks come in large pieces, and beside other work)."""
-        c = self._coefficients
+        c = self.coefficients
         return self._chunk_per_token * new + c.per_context * (cached + new) + c.per_pair * attention_pairs(cached, new)
 
     def tokens_within(self, seconds: float, cached: int) -> int:
         """The most new tokens after `cached` ones whose `chunk_seconds` fit in `seconds`."""
-        c = self._coefficients
+        c = self.coefficients
         # per_pair/2 · n² + (per token + per_context + per_pair · (cached + 1/2)) · n + per_context · cached ≤ seconds
         a, b = c.per_pair / 2, self._chunk_per_token + c.per_context + c.per_pair * (cached + 0.5)
         room = seconds - c.per_context * cached
@@ -163,7 +187,7 @@ class StepCostModel:
 
     @property
     def _chunk_per_token(self) -> float:
-        c = self._coefficients
+        c = self.coefficients
         return c.per_token + c.per_token_past_first_knee + c.per_token_past_second_knee
 
     def observe(self, shape: StepShape, seconds: float, profile: bool = False) -> None:
@@ -171,12 +195,13 @@ class StepCostModel:
         and each one places the knees afresh."""
         if profile:
             self._profiled.append((shape, seconds))
-            self.knees, self._fixed, self._coefficients = self._best_knees()
+            self.knees, self._fixed, fitted = self._best_knees()
             self._online = _Moments()  # the profile comes first; steps fitted on other knees would not add up
+            self._fit = self.quiet = Fit(self.knees, fitted)
             return
         self._online.scale(self._decay)
         self._online.add(features(shape, self.knees), seconds)
-        self._coefficients = self._solve(self._fixed, self._online)
+        self._fit = Fit(self.knees, self._solve(self._fixed, self._online))
 
     def _best_knees(self) -> tuple[Knees, _Moments, Coefficients]:
         """The knees (and their moments and fit) whose fit to the profile leaves the least squared relative

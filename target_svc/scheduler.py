@@ -232,7 +232,7 @@ class Scheduler:
             round_trip = time.perf_counter() - asked
         self._round_trip = _moved(self._round_trip, round_trip)
         asked_ids = {seq.request_id for group in asking.values() for seq, _ in group}
-        plan = self._plan(decodes, answers, asked_ids, plain_seconds)
+        plan = self._plan(decodes, answers, asked_ids)
         if not plan:
             return
         # The step's prompt chunks, as planned: a prompt's last chunk is a decode once committed.
@@ -343,14 +343,13 @@ class Scheduler:
 
     # -- planning a step ------------------------------------------------------
 
-    def _plan(self, decodes: list[Sequence], answers: Answers, asked: set[str],
-              plain_seconds: float) -> list[Scheduled]:
+    def _plan(self, decodes: list[Sequence], answers: Answers, asked: set[str]) -> list[Scheduled]:
         """The step's work within the token budget and the free KV blocks: every decode (with the windows
         that pay at this load; drafts and windows trimmed to the budget, dropped and then the newest sequences
         preempted where memory is short), then prompt chunks, the most overdue first, admitting waiting
         sequences as their turn comes; then the drafts cut to what raises the step's goodput by the cost model."""
         decoding = [Scheduled(s, d) if (d := answers.drafts.get(s.request_id)) else Scheduled(s) for s in decodes]
-        self._add_windows(decoding, asked, plain_seconds)
+        self._add_windows(decoding, asked)
         decoding = self._fit_decodes(decoding)
         self._metrics.window_tokens.labels("ran").inc(sum(len(item.window or ()) for item in decoding))
         prefilling = self._plan_prefills(decoding)
@@ -391,19 +390,21 @@ class Scheduler:
             return (now - seq.clock.started + work) / work
         return sorted(joining, key=ratio, reverse=True)
 
-    def _add_windows(self, decoding: list[Scheduled], asked: set[str], plain_seconds: float) -> None:
+    def _add_windows(self, decoding: list[Scheduled], asked: set[str]) -> None:
         """Each asked sequence's window, if its drafter has one and what the window is expected to bring
-        pays for its tokens (with DRAFT_MARGIN to spare, as a draft token must) at this step's load."""
+        pays for its tokens (with DRAFT_MARGIN to spare, as a draft token must) at this step's load, priced
+        as draft tokens are (`StepCostModel.quiet`)."""
         windows = [(item, window) for item in decoding
                    if item.seq.request_id in asked and (window := self._drafters.window(item.seq)) is not None
                    and item.end + len(window) <= self._runner.max_context_length]
         if not windows:  # most steps: no sequence's drafter has a window
             return
+        quiet = self._cost.quiet
+        plain_seconds = quiet.predict(StepShape.of((item.seq.num_computed, 1) for item in decoding)) + self._host_seconds
         decoded_per_second = len(decoding) / max(plain_seconds, MIN_SECONDS)
         for item, window in windows:
             seq = item.seq
-            seconds = sum(self._cost.token_seconds(seq.num_computed + depth, len(decoding))
-                          for depth in window.depths())
+            seconds = sum(quiet.token_seconds(seq.num_computed + depth, len(decoding)) for depth in window.depths())
             if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second:
                 item.window, item.window_seconds = window, seconds
             else:
@@ -426,23 +427,26 @@ class Scheduler:
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled],
                        shadows: dict[tuple[str, str], DraftTree]) -> None:
-        """The target alone decides how much of each draft to verify: it knows what verifying costs, and
-        how far each drafter's estimates have come true."""
+        """The target alone decides how much of each draft to verify: it knows what verifying costs (priced
+        by `StepCostModel.quiet`), and how far each drafter's estimates have come true."""
         base = StepShape.of([(item.seq.num_computed, 1 + len(item.window or ())) for item in decoding]
                             + [(item.seq.num_computed, item.num_new) for item in prefilling])
         candidates = [self._calibration.corrected(item.seq.drafting_method, item.draft) for item in decoding]
         cached = [item.seq.num_computed for item in decoding]
-        choice = choose_drafts(candidates, cached, self._cost, base.tokens, self._host_seconds)
+        choice = choose_drafts(candidates, cached, self._cost.quiet, base.tokens, self._host_seconds)
         decoded_per_second = len(decoding) / choice.plain_seconds if choice.plain_seconds > 0 else 0.0
         if shadows:
             self._price_shadows(decoding, candidates, cached, base.tokens, decoded_per_second, shadows)
         for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
             item.draft = item.draft.truncated(length)
             item.draft_price = (added + (item.window_seconds if item.window else 0.0)) * decoded_per_second
-        self._draft_seconds = _moved(self._draft_seconds, choice.draft_seconds)
+        # What the kept drafts add to the step in seconds as steps take now, for the prefill budget.
+        planned = StepShape.of((item.seq.num_computed, item.end - item.seq.num_computed) for item in decoding + prefilling)
+        predicted = self._cost.predict(planned)
+        self._draft_seconds = _moved(self._draft_seconds, predicted - self._cost.predict(base))
         self._metrics.step_draft_tokens.observe(sum(choice.lengths))
         self._metrics.predicted_step_tokens.inc(choice.expected_tokens)
-        self._metrics.predicted_step_seconds.inc(self._cost.predict(base) + choice.draft_seconds)
+        self._metrics.predicted_step_seconds.inc(predicted)
 
     def _price_shadows(self, decoding: list[Scheduled], candidates: list[DraftTree], cached: list[int],
                        step_tokens: int, decoded_per_second: float, shadows: dict[tuple[str, str], DraftTree]) -> None:
@@ -455,7 +459,7 @@ class Scheduler:
         for method, drafts in by_method.items():
             instead = [self._calibration.corrected(method, drafts[item.seq.request_id])
                        if item.seq.request_id in drafts else candidate for item, candidate in zip(decoding, candidates)]
-            choice = choose_drafts(instead, cached, self._cost, step_tokens, self._host_seconds)
+            choice = choose_drafts(instead, cached, self._cost.quiet, step_tokens, self._host_seconds)
             for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
                 if (draft := drafts.get(item.seq.request_id)) is not None and item.seq.chooser is not None:
                     item.seq.chooser.shadowed(ShadowDraft(method, len(item.seq.tokens), draft.truncated(length),

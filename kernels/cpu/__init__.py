@@ -7,13 +7,16 @@ builds it ahead of time, so services start without a compile.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -43,13 +46,37 @@ CLEARLY_FASTER = 1.1
 def compiled() -> bool:
     """Build (or load the cached build of) the extension; False where it cannot be built."""
     from torch.utils import cpp_extension
+    directory = build_directory()
     try:
-        cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
-                           extra_ldflags=LDFLAGS, is_python_module=False, verbose=False)
+        with build_lock(directory):
+            cpp_extension.load(name="specd_cpu_kernels", sources=[str(s) for s in SOURCES], extra_cflags=CFLAGS,
+                               extra_ldflags=LDFLAGS, is_python_module=False, verbose=False,
+                               build_directory=str(directory))
     except (OSError, RuntimeError, ImportError) as error:  # no compiler, no ninja, a failed build
         log.warning("CPU kernels unavailable, using the PyTorch references: %s", error)
         return False
     return True
+
+
+def build_directory() -> Path:
+    """Where the extension is built and cached: under torch's extension root, one folder per Python and torch
+    build (a torch of another version or accelerator would not load it)."""
+    from torch.utils import cpp_extension
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(root) / "specd_cpu_kernels" / f"{python}-torch{torch.__version__}"
+
+
+@contextmanager
+def build_lock(directory: Path) -> Iterator[None]:
+    """Held while the extension is built or loaded in `directory`, one process at a time. Torch's own lock is a
+    file that outlives a build killed half way, and every later build waits on it for ever; an flock is
+    released when its process dies, so the holder of this one knows that a torch lock it finds is stale."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "specd.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        yield
 
 
 def paged_attention(*args) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 A draft token (a node of the draft tree) is worth its reach: the chance that it and every ancestor
 are accepted, the product of the drafter's per-token estimates along its path (`DraftTree.reaches`),
-and costs what it adds to the step (`StepCostModel.token_seconds`: more in a long sequence, whose keys
-it attends over, deeper in the tree, and past the knees the step's other work has reached). Decoding
+and costs what it adds to the step (`Fit.token_seconds` of the start-up profile's fit, `StepCostModel.quiet`,
+which prices the decodes too: more in a long sequence, whose keys it attends over, deeper in the tree,
+and past the knees the step's other work has reached). Decoding
 that verifies draft tokens with reaches r yields (decodes + Σ r) tokens in (plain + Σ cost) seconds,
 where plain is what a step of the decodes' newest tokens alone costs (its forward, and the planning,
 committing and streaming every step takes besides: ~1 ms, ~8% of a step at batch 1, so a draft token's price is
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specd.drafts import DraftTree
-from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.cost_model import Fit, StepShape
 
 
 MIN_SECONDS = 1e-9
@@ -50,7 +51,7 @@ class DraftChoice:
         return sum(self.added_seconds)
 
 
-def choose_drafts(candidates: list[DraftTree], cached: list[int], cost: StepCostModel,
+def choose_drafts(candidates: list[DraftTree], cached: list[int], cost: Fit,
                   step_tokens: int | None = None, host_seconds: float = 0.0) -> DraftChoice:
     """Per candidate draft (one per decoding sequence; empty for none), how many of its first nodes to
     verify. `cached`: each candidate's sequence's cached tokens before the step (its newest token goes at

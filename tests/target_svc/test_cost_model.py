@@ -73,6 +73,25 @@ def test_recent_steps_outweigh_the_profile_when_the_machine_changes():
     assert model.predict(one(1000, 16)) == pytest.approx(2 * 0.026, rel=0.1)
 
 
+def test_draft_tokens_are_priced_by_the_profile_whatever_the_load_adds_to_the_steps():
+    def quiet_seconds(shape):
+        return 0.02 + 0.001 * shape.tokens + 0.000002 * shape.context
+
+    model = StepCostModel()
+    for tokens in (1, 16, 64):
+        for context in (0, 2000):
+            model.observe(one(context, tokens), quiet_seconds(one(context, tokens)), profile=True)
+    profiled = model.quiet
+    forty = StepShape.of([(500, 1)] * 40)
+    for _ in range(300):  # under load other services' work for each stream slows the steps by their sequences
+        for n in (1, 16, 40):
+            shape = StepShape.of([(500, 1)] * n)
+            model.observe(shape, quiet_seconds(shape) + 0.002 * n)
+    assert model.predict(forty) == pytest.approx(quiet_seconds(forty) + 0.080, rel=0.1)  # steps take what they take
+    assert model.quiet == profiled  # a draft token against a decode is priced as the target alone measured it
+    assert model.quiet.predict(forty) == pytest.approx(quiet_seconds(forty), rel=0.01)
+
+
 def test_costs_never_come_out_negative():
     model = StepCostModel()
     model.observe(one(0, 1), 0.02, profile=True)

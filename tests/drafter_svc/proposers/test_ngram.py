@@ -157,6 +157,6 @@ def test_the_estimates_give_the_draft_lengths_the_target_verifies():
     lengths = []
     for _ in range(15):
         draft = DraftTree.chain([7] * 8, [estimated_acceptance(history, 3)] * 8)
-        lengths.append(choose_drafts([draft], [0], cost).lengths[0])
+        lengths.append(choose_drafts([draft], [0], cost.quiet).lengths[0])
         history.record(accepted=0, rejected=True)
     assert lengths[0] >= 2 and lengths == sorted(lengths, reverse=True) and lengths[-1] == 0

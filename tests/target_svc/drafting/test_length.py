@@ -2,17 +2,17 @@
 import pytest
 
 from specd.drafts import DraftTree
-from target_svc.cost_model import StepCostModel, StepShape
+from target_svc.cost_model import Fit, StepCostModel, StepShape
 from target_svc.drafting.length import DRAFT_MARGIN, choose_drafts
 
 
-def linear_cost(fixed: float, per_token: float) -> StepCostModel:
-    """A cost model that measured exactly fixed + per_token * tokens seconds."""
+def linear_cost(fixed: float, per_token: float) -> Fit:
+    """What a start-up profile that measured exactly fixed + per_token * tokens seconds prices drafts by."""
     model = StepCostModel()
     for tokens in (1, 8, 64, 512):
         for context in (0, 1000):
             model.observe(StepShape.of([(context, tokens)]), fixed + per_token * tokens, profile=True)
-    return model
+    return model.quiet
 
 
 CHEAP = linear_cost(0.020, 0.0005)  # a draft token costs 2.5% of a one-token step
@@ -63,7 +63,7 @@ def test_a_draft_token_of_a_long_sequence_costs_more_so_it_must_be_likelier():
             shape = StepShape.of([(cached, tokens)])
             cost.observe(shape, 0.020 + 0.0005 * tokens + 0.00000025 * shape.pairs, profile=True)
     same_drafts = [[0.5] * 8, [0.5] * 8]
-    short, long = lengths(same_drafts, cost, cached=[10, 8000])
+    short, long = lengths(same_drafts, cost.quiet, cached=[10, 8000])
     assert short > long
 
 
@@ -112,7 +112,7 @@ def test_a_tree_node_costs_by_its_depth_not_its_place_in_the_list():
             shape = StepShape.of([(cached, tokens)])
             cost.observe(shape, 0.020 + 0.0005 * tokens + 0.00000025 * shape.pairs, profile=True)
     wide = DraftTree((1, 2, 3, 4), (-1, -1, -1, -1), (0.2, 0.2, 0.2, 0.2))
-    choice = choose_drafts([wide], [4000], cost)
+    choice = choose_drafts([wide], [4000], cost.quiet)
     assert choice.added_seconds[0] == pytest.approx(4 * cost.token_seconds(4001, step_tokens=1))
 
 
@@ -123,5 +123,5 @@ def test_a_step_with_nothing_to_price_chooses_nothing_even_when_the_fit_went_to_
         degenerate.observe(StepShape.of([(0, tokens)]), 0.0, profile=True)
     empty = StepShape.of([])  # every decode preempted, no prompt admitted
     assert degenerate.predict(empty) == 0.0
-    choice = choose_drafts([], [], degenerate)
+    choice = choose_drafts([], [], degenerate.quiet)
     assert choice.lengths == [] and choice.expected_tokens == 0
