@@ -22,7 +22,7 @@ the load is steady): that fit says how long steps take (the prefill budget, the 
 predicted seconds exported). Draft tokens are priced against decodes by the profile's fit alone
 (`quiet`): the target on its own cores. Under load the gateway's, the clients' and the drafters' work
 for each stream runs beside every forward, and fitted online it went to the terms that grow with the
-step's sequences: a decode looked 2.0 times as dear as in the profile and a draft token as dear as
+step's sequences: a decode looked 1.4 times as dear as in the profile and a draft token as dear as
 there, so the batch verified drafts that did not pay (at 42 decodes the online fit kept draft tokens
 from a 42% chance of acceptance, the profile's from 60%; a forward of 40 decodes alone measured 138 ms,
 each draft token beside them 1.5 ms, so 66% breaks even with the margin). That work comes with the

@@ -75,7 +75,8 @@ class TargetMetrics:
         self.stuck_steps = Counter("specd_stuck_steps", "Steps that ran over --step-timeout", registry=r)
         self.step_cost = Gauge("specd_step_cost_seconds",
                                "The fitted step cost model: seconds fixed, per new token and per token "
-                               "of the sequences' lengths", ["term"], registry=r)
+                               "of the sequences' lengths; fit=online (steps' seconds) or profile (what draft "
+                               "tokens are priced by)", ["term", "fit"], registry=r)
         self.step_host = Gauge("specd_step_host_seconds",
                                "What a step takes besides its forward and the drafters' round trip (planning, "
                                "committing, streaming), a moving mean; part of the plain step drafts are weighed "

@@ -279,8 +279,9 @@ class Scheduler:
         self._metrics.step_host.set(self._host_seconds)
         if self._step_log is not None:
             self._log_step(time.perf_counter() - step_started, round_trip, asking, plan, chunks, outcomes)
-        for term, seconds in self._cost.coefficients._asdict().items():
-            self._metrics.step_cost.labels(term).set(seconds)
+        for fit, coefficients in (("online", self._cost.coefficients), ("profile", self._cost.quiet.coefficients)):
+            for term, seconds in coefficients._asdict().items():
+                self._metrics.step_cost.labels(term, fit).set(seconds)
         self._update_gauges()
 
     def _log_step(self, seconds: float, round_trip: float,
