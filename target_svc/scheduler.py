@@ -158,6 +158,7 @@ class Scheduler:
         self._step_timeout_s = step_timeout_s
         self._report_serving = report_serving  # told False while a step is stuck, True when it ends
         self._step_log = step_log  # where each step is written, if anywhere
+        self._exported_quiet = None  # the profile's fit as last exported
         self._stuck = False
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in admission order: the newest last, preempted first
@@ -279,10 +280,18 @@ class Scheduler:
         self._metrics.step_host.set(self._host_seconds)
         if self._step_log is not None:
             self._log_step(time.perf_counter() - step_started, round_trip, asking, plan, chunks, outcomes)
-        for fit, coefficients in (("online", self._cost.coefficients), ("profile", self._cost.quiet.coefficients)):
+        self._export_cost()
+        self._update_gauges()
+
+    def _export_cost(self) -> None:
+        """The fitted terms: the online fit's after every step, the profile's when it changes (at start-up)."""
+        fits = [("online", self._cost.coefficients)]
+        if self._cost.quiet is not self._exported_quiet:
+            self._exported_quiet = self._cost.quiet
+            fits.append(("profile", self._cost.quiet.coefficients))
+        for fit, coefficients in fits:
             for term, seconds in coefficients._asdict().items():
                 self._metrics.step_cost.labels(term, fit).set(seconds)
-        self._update_gauges()
 
     def _log_step(self, seconds: float, round_trip: float,
                   asking: dict[str, list[tuple[Sequence, int]]], plan: list[Scheduled], chunks: list[int],
