@@ -51,6 +51,10 @@ TRIALS = 2
 SHADOW_EVERY = 8  # steps between those that ask the other drafters alongside
 PRIOR_ASKS = 8.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
 MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
+# A sequence leaves its drafter only for one expected to gain this many more tokens an ask: estimates of
+# about the same worth cross back and forth on noise, and each move to a drafter that gains less is paid
+# for in verified asks until its estimate falls back.
+SWITCH_MARGIN = 0.15
 RECORD_SMOOTHING = 1 / 64  # weight of a drafter's newest ask in the deployment's record
 
 
@@ -134,8 +138,11 @@ class MethodChooser:
         untried = [m for m in self._methods if self.record.asks.get(m, 0) < TRIALS]
         if untried:
             return min(untried, key=lambda m: (self.record.asks.get(m, 0), self._methods.index(m))), "trial"
-        return max(self._methods, key=lambda m: (self._expected(m) - round_trip_cost.get(m, 0.0),
-                                                 -self._methods.index(m))), "best"
+        worth = {m: self._expected(m) - round_trip_cost.get(m, 0.0) for m in self._methods}
+        best = max(self._methods, key=lambda m: (worth[m], -self._methods.index(m)))
+        if self._why != "trial" and worth[best] < worth[self.current] + SWITCH_MARGIN:
+            return self.current, "best"
+        return best, "best"
 
     def _expected(self, method: str) -> float:
         """What an ask of `method` is expected to gain: the sequence's recent asks of it and the deployment's

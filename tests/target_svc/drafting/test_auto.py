@@ -9,7 +9,7 @@ from drafter_svc.server import create_service as create_drafter
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specd.drafts import DraftTree
-from target_svc.drafting.auto import SHADOW_EVERY, TRIALS, MethodChooser, MethodRecord, ShadowDraft
+from target_svc.drafting.auto import SHADOW_EVERY, SWITCH_MARGIN, TRIALS, MethodChooser, MethodRecord, ShadowDraft
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
@@ -45,10 +45,10 @@ def test_after_the_trials_the_drafter_that_gained_most_is_asked():
 
 
 def test_a_drafter_that_gains_a_little_more_but_keeps_the_batch_waiting_longer_is_not_preferred():
-    chooser = past_the_trials({"suffix": 0.40, "draft_model": 0.45})
-    assert chooser.choose() == ("draft_model", "best")
+    gains = {"suffix": 0.40, "draft_model": 0.45}
+    assert past_the_trials(gains).choose() == ("draft_model", "best")
     # a draft model's round trip: 2.5 ms against suffix's 1 ms, on a 12 ms step
-    assert chooser.choose({"suffix": 1.0 / 12, "draft_model": 2.5 / 12}) == ("suffix", "best")
+    assert past_the_trials(gains).choose({"suffix": 1.0 / 12, "draft_model": 2.5 / 12}) == ("suffix", "best")
 
 
 def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_earlier_ones_without_trials():
@@ -74,6 +74,19 @@ def test_a_dry_spell_does_not_hand_the_sequence_to_a_drafter_that_offers_nothing
     dry_spell = 16  # asks in a row
     choices = [ask(chooser, {"suffix": -0.1, "lookahead": 0.0}) for _ in range(dry_spell)]
     assert {method for method, why in choices if why == "best"} == {"suffix"}
+
+
+def test_a_sequence_stays_with_its_drafter_until_another_is_expected_to_gain_clearly_more():
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("suffix", 1.0)
+        record.observe("ngram", 1.0 + SWITCH_MARGIN / 2)
+    chooser = MethodChooser(["suffix", "ngram"], record)
+    assert chooser.choose() == ("ngram", "best")  # a first choice has nothing to stay with
+    chooser.follow("suffix")  # the batch asked suffix for it: that is its drafter now
+    assert chooser.choose() == ("suffix", "best")
+    record.gain["ngram"] = 1.0 + 2 * SWITCH_MARGIN
+    assert chooser.choose() == ("ngram", "best")
 
 
 def test_a_record_lifted_by_a_lucky_ask_does_not_keep_a_sequence_asking_a_drafter_that_gains_it_nothing():
