@@ -29,8 +29,11 @@ settled on `ngram` for two thirds of its asks, 0.94x.) Lookahead is shadowed by 
 which the target makes itself; what its window would add is not scored, since the window runs only in the
 forward of the sequences that chose it (explored instead by a verified ask every 32nd ask, lookahead took ~3%
 of the asks of Spec-Bench's sequences, mostly where `suffix` would have drafted further).
-A drafter the deployment has no record of yet is tried TRIALS times first. The drafters' own gates still
-decide whether a step asks at all.
+Once a sequence has chosen, it stays with its drafter until another is expected to gain SWITCH_MARGIN
+tokens an ask more: without it, drafters of about the same worth took turns on noise (on 13 Spec-Bench
+prompts `ngram` took a sixth of the "best" asks though `suffix` alone was faster in every category), and
+each turn to the lesser one was paid for in verified asks. A drafter the deployment has no record of yet is
+tried TRIALS times first. The drafters' own gates still decide whether a step asks at all.
 
 Scoring by the greedy path is exact for greedy requests; for sampled ones it estimates (a drafted token
 the sampler did not pick could still have been accepted).
@@ -140,6 +143,7 @@ class MethodChooser:
             return min(untried, key=lambda m: (self.record.asks.get(m, 0), self._methods.index(m))), "trial"
         worth = {m: self._expected(m) - round_trip_cost.get(m, 0.0) for m in self._methods}
         best = max(self._methods, key=lambda m: (worth[m], -self._methods.index(m)))
+        # A trial (or no ask yet) is not a choice to stay with; a "best" one, or the batch's drafter it followed, is.
         if self._why != "trial" and worth[best] < worth[self.current] + SWITCH_MARGIN:
             return self.current, "best"
         return best, "best"
