@@ -143,10 +143,17 @@ class MethodChooser:
             return min(untried, key=lambda m: (self.record.asks.get(m, 0), self._methods.index(m))), "trial"
         worth = {m: self._expected(m) - round_trip_cost.get(m, 0.0) for m in self._methods}
         best = max(self._methods, key=lambda m: (worth[m], -self._methods.index(m)))
-        # A trial (or no ask yet) is not a choice to stay with; a "best" one, or the batch's drafter it followed, is.
-        if self._why != "trial" and worth[best] < worth[self.current] + SWITCH_MARGIN:
+        # A trial (or no ask yet) is not a choice to stay with; a "best" one, or the batch's drafter it followed, is,
+        # while asking it is worth its round trip or no drafter's is (else the gate leaves the sequence unasked).
+        staying = worth[self.current] > 0 or worth[best] <= 0
+        if self._why != "trial" and staying and worth[best] < worth[self.current] + SWITCH_MARGIN:
             return self.current, "best"
         return best, "best"
+
+    def expected_gain(self) -> float | None:
+        """What an ask of the current choice is expected to gain: what the gate weighs against its round
+        trip, so that the two judge a drafter alike (None while it is on trial)."""
+        return None if self._why == "trial" else self._expected(self.current)
 
     def _expected(self, method: str) -> float:
         """What an ask of `method` is expected to gain: the sequence's recent asks of it and the deployment's

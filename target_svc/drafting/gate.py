@@ -72,7 +72,11 @@ class DraftingGate:
         self.unasked_steps = 0  # steps since the last ask, among those with sequences wanting drafts
 
     def expected_gain(self, seq: Sequence) -> float:
-        """What asking for `seq`'s draft is expected to gain the batch, in tokens (typical_gain set)."""
+        """What asking for `seq`'s draft is expected to gain the batch, in tokens (typical_gain set). Under
+        `auto`, what its chooser expects of the drafter it chose: the sequence's own mean mixes every drafter
+        it asked, and judged by it, a drafter chosen for its shadow drafts went unasked for most of its turn."""
+        if seq.chooser is not None and (chosen := seq.chooser.expected_gain()) is not None:
+            return chosen
         if seq.draft_gain is None:
             return self.typical_gain
         drift = 1.0 - (1.0 - DRIFT) ** seq.unasked_steps

@@ -89,6 +89,20 @@ def test_a_sequence_stays_with_its_drafter_until_another_is_expected_to_gain_cle
     assert chooser.choose() == ("ngram", "best")
 
 
+def test_a_sequence_leaves_a_drafter_not_worth_its_round_trip_for_one_that_is_however_close_their_worth():
+    """The gate does not ask a drafter expected to gain less than its round trip costs: a sequence that
+    stayed with it would go draft-free where another drafter pays."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("suffix", 0.1)
+        record.observe("ngram", 0.1 + SWITCH_MARGIN / 2)
+    chooser = MethodChooser(["suffix", "ngram"], record)
+    assert chooser.choose() == ("ngram", "best")
+    round_trip_cost = {"ngram": 0.1 + SWITCH_MARGIN / 2 + 0.01, "suffix": 0.05}  # ngram no longer pays
+    assert chooser.choose(round_trip_cost) == ("suffix", "best")
+    assert chooser.choose({"ngram": 1.0, "suffix": 1.0}) == ("suffix", "best")  # none pays: it stays
+
+
 def test_a_record_lifted_by_a_lucky_ask_does_not_keep_a_sequence_asking_a_drafter_that_gains_it_nothing():
     """The record of a drafter rarely asked is a mean of few asks. Where it counted as 2 of at most 7 asks,
     a record that had come out high kept sequences on a drafter their own asks showed gained them nothing

@@ -2,6 +2,7 @@
 less what verifying them cost) is worth the round trip; a batch left unasked is asked again every few
 steps."""
 from specd.types import SamplingParams, SpeculativeConfig
+from target_svc.drafting.auto import TRIALS, MethodChooser, MethodRecord
 from target_svc.drafting.gate import MISSES_BEFORE_PROBING, PROBE_EVERY, PROBE_SHARE, TYPICAL_EVIDENCE, DraftingGate
 from target_svc.sequence import Sequence
 
@@ -184,4 +185,20 @@ def test_a_newcomers_first_asks_count_in_full_so_its_first_run_of_accepted_draft
     gate.asked(0.002, [(seq, 0.0)])
     gate.asked(0.002, [(seq, 3.0)])  # a probe found a passage to copy
     assert seq.draft_gain == 1.5
+    assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
+
+
+def test_under_auto_a_drafter_is_judged_by_what_the_chooser_expects_of_it_not_by_the_sequences_other_asks():
+    """The sequence's own mean gain mixes every drafter it asked: after a dry spell on one, the drafter the
+    chooser moved it to for its shadow drafts went unasked for most of its turn (measured: 35-46 of ~150
+    steps of a Spec-Bench prompt asked nothing that `suffix` alone asked at)."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("suffix", 1.0)
+        record.observe("ngram", 0.0)
+    seq = sequence("a")
+    seq.chooser = MethodChooser(["suffix", "ngram"], record)
+    gate = seasoned()
+    gate.asked(0.002, [(seq, 0.0)] * 20)  # its asks so far gained nothing (another drafter's)
+    assert seq.chooser.choose() == ("suffix", "best")
     assert gate.worth_asking([seq], decodes=1, plain_seconds=0.015, step_seconds=0.015)
