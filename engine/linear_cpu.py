@@ -1,5 +1,5 @@
 """The engine's matmul, `x @ weight^T`: on CPU, specd's packed kernel where the CPU has AVX512F (fp32 and
-bf16) or, for fp32, AVX2 and FMA (there beside MKL for larger calls, below), else the GEMM
+bf16) or, for fp32, AVX2 and FMA (there beside MKL where that is clearly faster, below), else the GEMM
 formulation measured fastest on this machine, for this model's weights, at each row count.
 
 specd's kernel (`kernels.packed_linear`) packs each weight once into blocks of 16 outputs side by side and
@@ -56,9 +56,9 @@ specd's kernel streams each weight once for the few rows of a decode or a verifi
 formulations streamed it once per row or padded 5 rows to 8; with 8-lane registers its micro-kernel holds 3
 rows by 32 outputs, and from a few dozen rows it is compute bound at half of what MKL's blocked GEMM reaches.
 So the plan measures, per bucket, MKL's batched GEMM over the same packed blocks (`blocked_linear`: no
-second copy of the weights) and takes it from the first bucket where it is the faster; rows then depend
-on the row count, as oneDNN's do. (With AVX512F the packed kernel was the faster at every row count, and
-fp32 plans stay all packed there: rows independent.)
+second copy of the weights) and takes it from the first bucket where it is CLEARLY_FASTER; rows then depend
+on the row count, as oneDNN's do. (Where the specd kernel is the faster at every row count, as with AVX512F,
+rows stay independent.)
 
 Elsewhere in bf16 and fp16 the engine packs each weight once for oneDNN with a one-row hint. Its rows
 were bit-identical whatever the row count up to 128 rows; above that the 1536-wide down projection
@@ -93,6 +93,9 @@ MAX_SHARED_ROWS = 128  # rows of different sequences per matmul call: what `rows
 # layer); a miss costs ~0.4 ms once per weight shape per step, which did not show in 138 ms steps of 40
 # row counts in turn (benchmarks/onednn_cache.py).
 ONEDNN_CACHE_SHAPES = 32
+# How much faster MKL over the packed blocks must run a bucket's calls to be taken instead of specd's kernel,
+# whose rows are independent of the row count.
+CLEARLY_FASTER = 1.25
 
 
 def shared_runs(start: int, stop: int) -> list[slice]:
@@ -199,15 +202,15 @@ class LinearPlan:
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
         """On CPU: specd's packed kernel where it takes every one of `weights` (fp32 or bf16 on a CPU with
-        AVX512F, fp32 with AVX2 and FMA, there with MKL over its blocks for larger calls: `_packed_or_blocks`).
-        Else for fp32 weights, per bucket, the formulation fastest over `weights` (say, one layer's); bf16 and
-        fp16, packed for oneDNN where it runs them. Elsewhere F.linear."""
+        AVX512F, fp32 with AVX2 and FMA); for fp32, MKL over its blocks from the first bucket whose calls it
+        runs CLEARLY_FASTER (`_packed_or_blocks`). Else for fp32 weights, per bucket, the formulation fastest over `weights` (say,
+        one layer's); bf16 and fp16, packed for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
         if all(kernels.packs_linear_weight(w) for w in weights):
-            if weights[0].dtype != torch.float32 or _packed_kernel_is_wide():
+            if weights[0].dtype != torch.float32:
                 return cls((SPECD_PACKED,) * len(ROW_BUCKETS))
-            return cls._packed_or_blocks(weights, repeats + 2)
+            return cls._packed_or_blocks(weights, repeats)
         if weights[0].dtype != torch.float32:
             return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
         started, names = time.perf_counter(), []
@@ -221,12 +224,10 @@ class LinearPlan:
 
     @classmethod
     def _packed_or_blocks(cls, weights: list[torch.Tensor], repeats: int) -> LinearPlan:
-        """fp32 where the packed kernel runs on 8-lane registers (AVX2): per bucket, SPECD_PACKED until
-        SPECD_BLOCKS measures faster, and SPECD_BLOCKS from there on: the packed kernel's lead is in calls of
-        few rows, where the weights' bytes decide; the more rows, the more MKL's blocking wins (measured bucket
-        by bucket, a busy moment had put the packed kernel back at 64-256 rows, where it is 2.5x slower).
-        There MKL wins at the largest buckets, so the plan's rows depend on the row count anyway: no margin is
-        kept for the packed kernel's row independence."""
+        """Per bucket, SPECD_PACKED until SPECD_BLOCKS is CLEARLY_FASTER, and SPECD_BLOCKS from there on: the
+        packed kernel's lead is in calls of few rows, where the weights' bytes decide; the more rows, the more
+        MKL's blocking wins (measured alone, a busy moment had put the packed kernel back at 64-256 rows, where
+        it is 2.5x slower)."""
         started, names = time.perf_counter(), []
         packed = [kernels.pack_linear_weight(w) for w in weights]
         for rows in ROW_BUCKETS:
@@ -234,8 +235,9 @@ class LinearPlan:
                 names.append(SPECD_BLOCKS)
                 continue
             inputs = [torch.randn(rows, w.shape[1]) for w in weights]
-            own, blocks = _best_of_each(repeats, [kernels.packed_linear, blocked_linear], inputs, packed)
-            names.append(SPECD_BLOCKS if own > blocks else SPECD_PACKED)
+            own = _best_of(repeats, kernels.packed_linear, inputs, packed)
+            blocks = _best_of(repeats, blocked_linear, inputs, packed)
+            names.append(SPECD_BLOCKS if own > CLEARLY_FASTER * blocks else SPECD_PACKED)
         plan = cls(tuple(names))
         log.info("matmul plan, measured in %.1f s: %s", time.perf_counter() - started, plan.describe())
         return plan
@@ -263,13 +265,6 @@ class LinearPlan:
         return ", ".join(f"{rows} rows {name}" for rows, name in zip(ROW_BUCKETS, self.names))
 
 
-def _packed_kernel_is_wide() -> bool:
-    """Whether specd's packed kernel runs on 16-lane registers (AVX512F; it takes bf16 weights then). There
-    it ran fp32 calls faster than oneDNN at every row count (266 against 311 ms at 256 rows on a 2-core Xeon)
-    and keeps fp32 batch invariant, so it is not timed against MKL."""
-    return kernels.packs_linear_weight(torch.zeros(16, 32, dtype=torch.bfloat16))
-
-
 def _input_size(prepared: torch.Tensor) -> int:
     """K of a weight as `LinearPlan.prepare` returned it: [N, K], or packed: bf16 [N / 16, K / 32, 16, 32],
     fp32 [N / 16, K, 16]."""
@@ -284,18 +279,6 @@ def _packing_works(weight: torch.Tensor) -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _best_of_each(repeats: int, fns: list[Linear], inputs: list[torch.Tensor],
-                  weights: list[torch.Tensor]) -> list[float]:
-    """`_best_of` for each of `fns`, taken in turn at every repeat, so that a busy moment (the services
-    starting beside the target) slows them alike or only a repeat that does not count: timed one after the
-    other beside a test run, the packed kernel measured within 1.25x of MKL at 64 and 128 rows, 2.5x apart when
-    quiet."""
-    best = [_best_of(1, fn, inputs, weights) for fn in fns]
-    for _ in range(repeats - 1):
-        best = [min(b, _best_of(1, fn, inputs, weights)) for b, fn in zip(best, fns)]
-    return best
 
 
 def _best_of(repeats: int, fn: Linear, inputs: list[torch.Tensor], weights: list[torch.Tensor]) -> float:

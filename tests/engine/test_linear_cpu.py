@@ -78,7 +78,7 @@ def test_bf16_weights_the_packed_kernel_takes_go_to_it_whole_and_a_rows_result_d
                                atol=1e-2, rtol=1e-2)
 
 
-def test_fp32_weights_go_to_the_packed_kernel_or_from_where_it_measures_faster_to_mkl_over_its_blocks():
+def test_fp32_weights_go_to_the_packed_kernel_or_where_clearly_faster_to_mkl_over_its_blocks():
     weights = [random_matrix(96, 64, seed=1), random_matrix(64, 96, seed=2)]
     if kernels.pack_linear_weight(weights[0]) is None:
         pytest.skip("the packed kernel takes no fp32 weights on this CPU")
