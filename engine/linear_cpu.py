@@ -55,10 +55,10 @@ projection, ms per call of M rows, medians):
 specd's kernel streams each weight once for the few rows of a decode or a verification, where torch's
 formulations streamed it once per row or padded 5 rows to 8; with 8-lane registers its micro-kernel holds 3
 rows by 32 outputs, and from a few dozen rows it is compute bound at half of what MKL's blocked GEMM reaches.
-So the plan measures, per bucket, MKL's batched GEMM over the same packed blocks (`blocked_linear`: no
-second copy of the weights) and takes it from the first bucket where it is CLEARLY_FASTER; rows then depend
-on the row count, as oneDNN's do. (Where the specd kernel is the faster at every row count, as with AVX512F,
-rows stay independent.)
+So there the plan measures, per bucket, MKL's batched GEMM over the same packed blocks (`blocked_linear`:
+no second copy of the weights) and takes it where it is CLEARLY_FASTER; its rows then depend on the row count,
+as oneDNN's do. (Where the specd kernel is the faster at every row count, as with AVX512F, rows stay
+independent.)
 
 Elsewhere in bf16 and fp16 the engine packs each weight once for oneDNN with a one-row hint. Its rows
 were bit-identical whatever the row count up to 128 rows; above that the 1536-wide down projection
@@ -202,8 +202,8 @@ class LinearPlan:
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
         """On CPU: specd's packed kernel where it takes every one of `weights` (fp32 or bf16 on a CPU with
-        AVX512F, fp32 with AVX2 and FMA); for fp32, MKL over its blocks from the first bucket whose calls it
-        runs CLEARLY_FASTER (`_packed_or_blocks`). Else for fp32 weights, per bucket, the formulation fastest over `weights` (say,
+        AVX512F, fp32 with AVX2 and FMA), for fp32 per bucket unless MKL over its blocks runs the bucket's
+        calls CLEARLY_FASTER. Else for fp32 weights, per bucket, the formulation fastest over `weights` (say,
         one layer's); bf16 and fp16, packed for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
@@ -224,16 +224,9 @@ class LinearPlan:
 
     @classmethod
     def _packed_or_blocks(cls, weights: list[torch.Tensor], repeats: int) -> LinearPlan:
-        """Per bucket, SPECD_PACKED until SPECD_BLOCKS is CLEARLY_FASTER, and SPECD_BLOCKS from there on: the
-        packed kernel's lead is in calls of few rows, where the weights' bytes decide; the more rows, the more
-        MKL's blocking wins (measured alone, a busy moment had put the packed kernel back at 64-256 rows, where
-        it is 2.5x slower)."""
         started, names = time.perf_counter(), []
         packed = [kernels.pack_linear_weight(w) for w in weights]
         for rows in ROW_BUCKETS:
-            if names and names[-1] == SPECD_BLOCKS:
-                names.append(SPECD_BLOCKS)
-                continue
             inputs = [torch.randn(rows, w.shape[1]) for w in weights]
             own = _best_of(repeats, kernels.packed_linear, inputs, packed)
             blocks = _best_of(repeats, blocked_linear, inputs, packed)
