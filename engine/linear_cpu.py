@@ -1,6 +1,6 @@
 """The engine's matmul, `x @ weight^T`: on CPU, specd's packed kernel where the CPU has AVX512F (fp32 and
-bf16) or, for fp32, AVX2 and FMA (there beside MKL where that is clearly faster, below), else the GEMM
-formulation measured fastest on this machine, for this model's weights, at each row count.
+bf16), else the GEMM formulation measured fastest on this machine, for this model's weights, at each row
+count.
 
 specd's kernel (`kernels.packed_linear`) packs each weight once into blocks of 16 outputs side by side and
 streams it once per call, front to back, for every row of the call; each output is one sum over the inputs
@@ -43,23 +43,6 @@ of 1 and 32 sequences take about what oneDNN took (`benchmarks/step_cost.py`), a
 the rows are independent: with oneDNN the real model's bf16 logits were not batch invariant. With AVX512F
 alone the kernel widens the bf16 weights to fp32 as they stream by and takes the FMAs.
 
-With AVX2 and FMA alone (an AMD EPYC of this project, fp32, 2 threads, the 30 layers and the vocab
-projection, ms per call of M rows, medians):
-
-  M                                 1     4     5     8    16    32    64   256
-  oneDNN (best torch at M = 1)     56   113    97   104   119   160   238   619
-  transposed (best at 2-8)         64    64    96    96   121   168   241   885
-  specd packed                     38    44    47    55    97   187   590  1384
-  MKL over the packed blocks        —     —     —     —    87   127   225   835
-
-specd's kernel streams each weight once for the few rows of a decode or a verification, where torch's
-formulations streamed it once per row or padded 5 rows to 8; with 8-lane registers its micro-kernel holds 3
-rows by 32 outputs, and from a few dozen rows it is compute bound at half of what MKL's blocked GEMM reaches.
-So there the plan measures, per bucket, MKL's batched GEMM over the same packed blocks (`blocked_linear`:
-no second copy of the weights) and takes it where it is CLEARLY_FASTER; its rows then depend on the row count,
-as oneDNN's do. (Where the specd kernel is the faster at every row count, as with AVX512F, rows stay
-independent.)
-
 Elsewhere in bf16 and fp16 the engine packs each weight once for oneDNN with a one-row hint. Its rows
 were bit-identical whatever the row count up to 128 rows; above that the 1536-wide down projection
 gave rows that depended on the count (at 150, 200 and 256 rows), so with oneDNN the forward keeps
@@ -93,9 +76,6 @@ MAX_SHARED_ROWS = 128  # rows of different sequences per matmul call: what `rows
 # layer); a miss costs ~0.4 ms once per weight shape per step, which did not show in 138 ms steps of 40
 # row counts in turn (benchmarks/onednn_cache.py).
 ONEDNN_CACHE_SHAPES = 32
-# How much faster MKL over the packed blocks must run a bucket's calls to be taken instead of specd's kernel,
-# whose rows are independent of the row count.
-CLEARLY_FASTER = 1.25
 
 
 def shared_runs(start: int, stop: int) -> list[slice]:
@@ -110,12 +90,6 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     padded = max(2, 1 << max(rows - 1, 0).bit_length())
     x_pad = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])]) if padded > rows else x  # [p, K]
     return torch.mm(weight, x_pad.t()).t()[:rows].contiguous()
-
-
-def blocked_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T from the fp32 weight as `kernels.pack_linear_weight` packed it, [N / 16, K, 16]: MKL's
-    batched GEMM, one [M, K] @ [K, 16] product per block of 16 outputs."""
-    return torch.matmul(x, packed).permute(1, 0, 2).reshape(x.shape[0], -1)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -153,8 +127,6 @@ def formulations() -> dict[str, Linear]:
 PACKED = "oneDNN packed"
 SPECD_PACKED = "specd packed"  # kernels.packed_linear: bf16 by AMX tiles, AVX512-BF16 dot products or widened
 # FMAs; fp32 by FMAs
-SPECD_BLOCKS = "MKL over specd's blocks"  # blocked_linear: fp32 weights as SPECD_PACKED packs them
-PACKS_FOR_SPECD = (SPECD_PACKED, SPECD_BLOCKS)
 
 
 def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
@@ -167,16 +139,15 @@ class LinearPlan:
     `prepare` once before use (a packed plan packs them)."""
 
     def __init__(self, names: tuple[str, ...]):
-        available = {**formulations(), PACKED: onednn_linear, SPECD_PACKED: kernels.packed_linear,
-                     SPECD_BLOCKS: blocked_linear}
+        available = {**formulations(), PACKED: onednn_linear, SPECD_PACKED: kernels.packed_linear}
         self.names = names
         self._choices = tuple(available[name] for name in names)
         # Whether a row's result is the same in a call of any row count (by construction), so that
         # `by_rows` need not split: specd's packed kernel's rows are.
-        self.any_row_count = all(name == SPECD_PACKED for name in names)
+        self.any_row_count = names[0] == SPECD_PACKED
 
     def prepare(self, weight: torch.Tensor) -> torch.Tensor:
-        if self.names[0] in PACKS_FOR_SPECD:
+        if self.names[0] == SPECD_PACKED:
             return kernels.pack_linear_weight(weight)
         return pack_for_onednn(weight) if self.names[0] == PACKED else weight
 
@@ -202,15 +173,12 @@ class LinearPlan:
     @classmethod
     def measure(cls, weights: list[torch.Tensor], repeats: int = 3) -> LinearPlan:
         """On CPU: specd's packed kernel where it takes every one of `weights` (fp32 or bf16 on a CPU with
-        AVX512F, fp32 with AVX2 and FMA), for fp32 per bucket unless MKL over its blocks runs the bucket's
-        calls CLEARLY_FASTER. Else for fp32 weights, per bucket, the formulation fastest over `weights` (say,
-        one layer's); bf16 and fp16, packed for oneDNN where it runs them. Elsewhere F.linear."""
+        AVX512F). Else for fp32 weights, per bucket, the formulation fastest over `weights` (say, one
+        layer's); bf16 and fp16, packed for oneDNN where it runs them. Elsewhere F.linear."""
         if weights[0].device.type != "cpu":
             return cls.torch_default()
         if all(kernels.packs_linear_weight(w) for w in weights):
-            if weights[0].dtype != torch.float32:
-                return cls((SPECD_PACKED,) * len(ROW_BUCKETS))
-            return cls._packed_or_blocks(weights, repeats)
+            return cls((SPECD_PACKED,) * len(ROW_BUCKETS))
         if weights[0].dtype != torch.float32:
             return cls((PACKED,) * len(ROW_BUCKETS)) if _packing_works(weights[0]) else cls.torch_default()
         started, names = time.perf_counter(), []
@@ -218,19 +186,6 @@ class LinearPlan:
             inputs = [torch.randn(rows, w.shape[1]) for w in weights]
             seconds = {name: _best_of(repeats, fn, inputs, weights) for name, fn in formulations().items()}
             names.append(min(seconds, key=seconds.get))
-        plan = cls(tuple(names))
-        log.info("matmul plan, measured in %.1f s: %s", time.perf_counter() - started, plan.describe())
-        return plan
-
-    @classmethod
-    def _packed_or_blocks(cls, weights: list[torch.Tensor], repeats: int) -> LinearPlan:
-        started, names = time.perf_counter(), []
-        packed = [kernels.pack_linear_weight(w) for w in weights]
-        for rows in ROW_BUCKETS:
-            inputs = [torch.randn(rows, w.shape[1]) for w in weights]
-            own = _best_of(repeats, kernels.packed_linear, inputs, packed)
-            blocks = _best_of(repeats, blocked_linear, inputs, packed)
-            names.append(SPECD_BLOCKS if own > CLEARLY_FASTER * blocks else SPECD_PACKED)
         plan = cls(tuple(names))
         log.info("matmul plan, measured in %.1f s: %s", time.perf_counter() - started, plan.describe())
         return plan

@@ -106,8 +106,8 @@ def _layer_module(t: torch.Tensor) -> ModuleType:
 
 
 def packs_linear_weight(weight: torch.Tensor) -> bool:
-    """Whether a kernel for `weight`'s device, dtype and shape exists behind `packed_linear` (fp32 on CPUs
-    with AVX512F or AVX2 and FMA, bf16 with AVX512F: `kernels.cpu.linear`)."""
+    """Whether a kernel for `weight`'s device, dtype and shape exists behind `packed_linear` (fp32 and bf16
+    on CPUs with AVX512F, `kernels.cpu.linear`)."""
     return _attention_module(weight.device) is cpu and cpu.takes_linear_weight(weight)
 
 

@@ -114,7 +114,7 @@ def compact_kv(pools: Sequence[torch.Tensor], src_slots: torch.Tensor, dst_slots
 def takes_linear_weight(weight: torch.Tensor) -> bool:
     """Whether `linear` (linear.cpp: bf16 products by AMX tiles, AVX512-BF16 dot products or widened fp32
     FMAs; fp32 by fp32 FMAs) can take `weight` [N, K]: not where it has another dtype, N is not a multiple of
-    16 (or, in bf16, K of 32), or the CPU has no AVX512F (for fp32, nor AVX2 and FMA)."""
+    16 (or, in bf16, K of 32), or the CPU has no AVX512F."""
     return compiled() and torch.ops.specd.supports_linear(weight)
 
 

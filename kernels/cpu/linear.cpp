@@ -13,11 +13,9 @@
 // bytes an fp32 weight would.
 // Which way a process takes is the caller's (`products`), fixed for the process.
 //
-// fp32: [N / 16, K, 16], input k of the 16 outputs side by side: one fp32 FMA a row and input, with AVX512F
-// (one register a block of 16 outputs) or with AVX2 and FMA (two). MKL's GEMM took a forward of 3-4 tokens at
-// batch 1 nearly twice what one token took on a 2-core Xeon; this streams each weight once for up to
-// kVecRows<float> rows at a time. On a 2-core AMD EPYC with AVX2 alone, torch's formulations took a forward
-// of 5 tokens 1.5x what 4 took (MKL's GEMM padded to 8 rows, oneDNN slower from 2 rows on).
+// fp32: [N / 16, K, 16], input k of the 16 outputs side by side: one fp32 FMA a row and input. MKL's GEMM
+// took a forward of 3-4 tokens at batch 1 nearly twice what one token took on a 2-core Xeon; this streams
+// each weight once for up to kVecRows<float> (6) rows at a time.
 //
 // Each way is its own sequence of products over K in a fixed order, so a row's result is bit-identical
 // whatever the row count and however the work is split: batch invariant by construction.
@@ -36,11 +34,6 @@
 #include <type_traits>
 #include <vector>
 
-// fp32 weights take vector FMAs where the CPU has AVX512F, or AVX2 and FMA; bf16 ones need AVX512F.
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#define SPECD_FP32_LINEAR
-#endif
-
 namespace {
 
 using namespace specd_cpu;
@@ -58,11 +51,9 @@ constexpr int64_t kPrefetchPairs = 16;
 constexpr int64_t kPrefetchInputs = 16;  // the same for fp32 weights, in inputs (1 KB ahead)
 
 bool supports_linear(const at::Tensor& weight) {
-  if (weight.dim() != 2 || weight.size(0) % kBlockOutputs != 0) return false;
-#ifdef SPECD_FP32_LINEAR
-  if (weight.scalar_type() == at::kFloat) return true;
-#endif
 #ifdef __AVX512F__
+  if (weight.dim() != 2 || weight.size(0) % kBlockOutputs != 0) return false;
+  if (weight.scalar_type() == at::kFloat) return true;
   return weight.scalar_type() == at::kBFloat16 && weight.size(1) % kBlockInputs == 0;
 #else
   return false;
@@ -70,8 +61,8 @@ bool supports_linear(const at::Tensor& weight) {
 }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  TORCH_CHECK(supports_linear(weight), "pack_linear_weight takes an fp32 [N, K] weight with N % 16 == 0 on a CPU "
-              "with AVX512F or AVX2 and FMA, or a bf16 one with K % 32 == 0 besides on a CPU with AVX512F");
+  TORCH_CHECK(supports_linear(weight), "pack_linear_weight takes an fp32 [N, K] weight with N % 16 == 0, or a "
+              "bf16 one with K % 32 == 0 besides, on a CPU with AVX512F");
   const int64_t n = weight.size(0), k = weight.size(1);
   if (weight.scalar_type() == at::kFloat) {
     return weight.reshape({n / kBlockOutputs, kBlockOutputs, k}).transpose(1, 2).contiguous();
@@ -195,9 +186,7 @@ void amx_linear(const at::Tensor& x, const at::Tensor& packed, at::Tensor& out) 
 inline void prefetch_ahead(const bf16* pair_weights) {
   _mm_prefetch(reinterpret_cast<const char*>(pair_weights + kPrefetchPairs * 2 * kBlockOutputs), _MM_HINT_T0);
 }
-#endif
 
-#ifdef SPECD_FP32_LINEAR
 // The same for fp32 weights: kPrefetchInputs inputs past `input_weights`.
 inline void prefetch_ahead(const float* input_weights) {
   _mm_prefetch(reinterpret_cast<const char*>(input_weights + kPrefetchInputs * kBlockOutputs), _MM_HINT_T0);
@@ -275,11 +264,7 @@ void widened_products(const float* x, int64_t x_stride, const bf16* b, int64_t i
   }
 }
 
-#endif
-
-#ifdef SPECD_FP32_LINEAR
 // out[ROWS rows, BLOCKS x 16 outputs] for fp32 weights: for each output, one fp32 FMA per input, in order.
-#ifdef __AVX512F__
 template <int ROWS, int BLOCKS>
 void fp32_products(const float* x, int64_t x_stride, const float* b, int64_t inputs, float* out,
                    int64_t out_stride) {
@@ -304,39 +289,6 @@ void fp32_products(const float* x, int64_t x_stride, const float* b, int64_t inp
     for (int n = 0; n < BLOCKS; ++n) _mm512_storeu_ps(out + r * out_stride + n * kBlockOutputs, sums[r][n]);
   }
 }
-#else  // AVX2: a block's 16 outputs are two 8-lane halves, each summed as the AVX512F kernel sums its lanes
-template <int ROWS, int BLOCKS>
-void fp32_products(const float* x, int64_t x_stride, const float* b, int64_t inputs, float* out,
-                   int64_t out_stride) {
-  const int64_t block_elements = inputs * kBlockOutputs;
-  __m256 sums[ROWS][BLOCKS][2];
-  for (int r = 0; r < ROWS; ++r) {
-    for (int n = 0; n < BLOCKS; ++n) sums[r][n][0] = sums[r][n][1] = _mm256_setzero_ps();
-  }
-  for (int64_t k = 0; k < inputs; ++k) {
-    __m256 w[BLOCKS][2];
-    for (int n = 0; n < BLOCKS; ++n) {
-      const float* input_weights = b + n * block_elements + k * kBlockOutputs;
-      prefetch_ahead(input_weights);
-      w[n][0] = _mm256_loadu_ps(input_weights);
-      w[n][1] = _mm256_loadu_ps(input_weights + 8);
-    }
-    for (int r = 0; r < ROWS; ++r) {
-      const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k);
-      for (int n = 0; n < BLOCKS; ++n) {
-        sums[r][n][0] = _mm256_fmadd_ps(xr, w[n][0], sums[r][n][0]);
-        sums[r][n][1] = _mm256_fmadd_ps(xr, w[n][1], sums[r][n][1]);
-      }
-    }
-  }
-  for (int r = 0; r < ROWS; ++r) {
-    for (int n = 0; n < BLOCKS; ++n) {
-      _mm256_storeu_ps(out + r * out_stride + n * kBlockOutputs, sums[r][n][0]);
-      _mm256_storeu_ps(out + r * out_stride + n * kBlockOutputs + 8, sums[r][n][1]);
-    }
-  }
-}
-#endif
 
 // Denormal inputs read as zero and denormal results flushed to zero on the calling thread while in scope,
 // as a dot product treats them.
@@ -352,18 +304,12 @@ class FlushDenormals {
 };
 #endif
 
-#ifdef SPECD_FP32_LINEAR
 #ifdef __AVX512F__
 // Rows of x per micro-kernel call: with kVecBlocks output blocks, 24 fp32 accumulators in registers (a prompt's
 // prefill 1.15x faster than at 4 rows), 16 for bf16 (whose widened products hold each row's inputs twice).
 template <typename W>
 constexpr int kVecRows = std::is_same_v<W, float> ? 6 : 4;
 constexpr int kVecBlocks = 4;  // output blocks (of 16) per call
-#else  // AVX2 has 16 registers of 8 lanes: 3 rows x 2 blocks x 2 halves are 12 accumulators, beside 4 weight halves
-template <typename W>
-constexpr int kVecRows = 3;
-constexpr int kVecBlocks = 2;
-#endif
 
 // The micro-kernels by rows and blocks up to kVecRows<W> x kVecBlocks, for x's and the weight's element types
 // (bf16 and bf16: dot products; fp32 and bf16: widened products; fp32 and fp32: fp32 products). The output
@@ -375,12 +321,11 @@ template <typename X, typename W, int ROWS, int BLOCKS>
 constexpr Kernel<X, W> kernel_for() {
   if constexpr (std::is_same_v<W, float>) {
     return fp32_products<ROWS, BLOCKS>;
+  } else if constexpr (std::is_same_v<X, float>) {
+    return widened_products<ROWS, BLOCKS>;
   } else {
-#ifdef __AVX512F__
-    if constexpr (std::is_same_v<X, float>) return widened_products<ROWS, BLOCKS>;
-#endif
 #ifdef __AVX512BF16__
-    if constexpr (std::is_same_v<X, bf16>) return dot_products<ROWS, BLOCKS>;
+    return dot_products<ROWS, BLOCKS>;
 #endif
     return nullptr;
   }
@@ -464,7 +409,7 @@ at::Tensor fp32_linear(const at::Tensor& x, const at::Tensor& packed) {
               "the weight must be packed by pack_linear_weight");
   TORCH_CHECK(packed.size(1) == x.size(1), "x has ", x.size(1), " inputs, the weight ", packed.size(1));
   at::Tensor out = at::empty({x.size(0), packed.size(0) * kBlockOutputs}, x.options());
-#ifdef SPECD_FP32_LINEAR
+#ifdef __AVX512F__
   if (x.size(0) > 0) vector_linear<float, float>(x.data_ptr<float>(), x.stride(0), x.size(0), packed, out);
 #endif
   return out;

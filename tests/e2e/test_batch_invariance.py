@@ -17,7 +17,7 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=[
 def invariant_runner(dtype: torch.dtype) -> ModelRunner:
     """The real model in `dtype`; the test is skipped where the runner found at load that its matmuls or
     attention make a row depend on the others (CPUs whose kernels are not row independent: fp32 without
-    AVX512F or AVX2 and FMA)."""
+    AVX512F)."""
     runner = ModelRunner(resolve_model(), kv_cache_tokens=1024, engine=EngineConfig(dtype=dtype))
     if not runner.batch_invariant:
         pytest.skip(f"the engine's {dtype} logits are not batch invariant on this CPU")
