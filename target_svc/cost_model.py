@@ -122,6 +122,10 @@ PROFILE_REPEATS = 3
 # with the dearest drafted a third fewer tokens a step than the others. The fastest of 9 costs ~0.3 s.
 SMALL_STEP_TOKENS = 8
 SMALL_STEP_REPEATS = 9
+# The larger steps' repeats past the first round, only while a batch shape's rounds have taken less than
+# this: in bf16 on an AVX2-only CPU a new token cost ~11 ms and the whole profile took two to five minutes,
+# where one round of such slow steps already stands well above the noise the repeats guard against.
+REPEAT_WITHIN_SECONDS = 10.0
 
 
 class _Moments:
@@ -267,12 +271,12 @@ class StepCostModel:
             try:
                 prompts = [SequenceInput(i, [1] * context, 0, 1) for i in ids]
                 runner.forward(prompts)  # not observed: a prompt's attention grows with its square
-                # The sizes in turn, PROFILE_REPEATS times over: a burst of other work disturbs one round, not
-                # every timing of one size.
-                fastest = dict.fromkeys(PROFILE_NEW_TOKENS, math.inf)
+                # The sizes in turn, round after round (`_repeat`): a burst of other work disturbs one round,
+                # not every timing of one size.
+                fastest, started = dict.fromkeys(PROFILE_NEW_TOKENS, math.inf), time.perf_counter()
                 for round_ in range(SMALL_STEP_REPEATS):
                     for new in PROFILE_NEW_TOKENS:
-                        if round_ < PROFILE_REPEATS or new * num_seqs <= SMALL_STEP_TOKENS:
+                        if _repeat(round_, new * num_seqs, time.perf_counter() - started):
                             steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
                             fastest[new] = min(fastest[new], _timed(runner, steps, ids, context))
                 for new, seconds in fastest.items():
@@ -338,6 +342,13 @@ def _solve_linear(a: list[list[float]], b: list[float]) -> list[float] | None:
     for r in reversed(range(n)):
         solution[r] = (rows[r][n] - sum(rows[r][c] * solution[c] for c in range(r + 1, n))) / rows[r][r]
     return solution
+
+
+def _repeat(round_: int, new_tokens: int, seconds_so_far: float) -> bool:
+    """Whether the profile's `round_` (from 0) times its step of `new_tokens` in all."""
+    if round_ == 0 or new_tokens <= SMALL_STEP_TOKENS:
+        return True
+    return round_ < PROFILE_REPEATS and seconds_so_far < REPEAT_WITHIN_SECONDS
 
 
 def _timed(runner: ModelRunner, batch: list[SequenceInput], ids: list[str], context: int) -> float:

@@ -402,12 +402,25 @@ class TileAttention {
   template <int N>
   void fma_scores(int64_t first_row, Scores* scores) const {
     const float* q = &q_[first_row * p_->head_dim];
+#ifdef __AVX512F__
     for (int64_t d = 0; d < p_->head_dim; ++d) {
       for (int64_t c = 0; c < kSubChunks; ++c) {
         const f32x16 keys = keys_t_[c * p_->head_dim + d];
         for (int i = 0; i < N; ++i) scores[i][c] += q[i * p_->head_dim + d] * keys;
       }
     }
+#else  // the same sums, in registers a half at a time (see f32x8)
+    for (int64_t c = 0; c < kSubChunks; ++c) {
+      for (int h = 0; h < 2; ++h) {
+        f32x8 sums[N] = {};
+        for (int64_t d = 0; d < p_->head_dim; ++d) {
+          const f32x8 keys = half(keys_t_[c * p_->head_dim + d], h);
+          for (int i = 0; i < N; ++i) sums[i] += q[i * p_->head_dim + d] * keys;
+        }
+        for (int i = 0; i < N; ++i) half(scores[i][c], h) = sums[i];
+      }
+    }
+#endif
   }
 
 #ifdef __AVX512BF16__
@@ -552,10 +565,11 @@ class TileAttention {
   // per row, 0 = vecs_.
   template <int N, int VECS>
   void add_values(int64_t first_row, const Scores* weights, const float* rescale) {
-    constexpr int64_t kMost = VECS ? VECS : kMaxVecs;
     const int64_t vecs = VECS ? VECS : vecs_;
     float w[N][kChunk];
     std::memcpy(w, weights, sizeof(w));
+#ifdef __AVX512F__
+    constexpr int64_t kMost = VECS ? VECS : kMaxVecs;
     f32x16 sums[N][kMost];
     for (int i = 0; i < N; ++i) {
       for (int64_t v = 0; v < vecs; ++v) sums[i][v] = f32x16{};
@@ -570,6 +584,21 @@ class TileAttention {
       f32x16* acc = &acc_[(first_row + i) * vecs_];
       for (int64_t v = 0; v < vecs; ++v) acc[v] = acc[v] * rescale[i] + sums[i][v];
     }
+#else  // the same sums, in registers a half at a time (see f32x8)
+    for (int64_t v = 0; v < vecs; ++v) {
+      for (int h = 0; h < 2; ++h) {
+        f32x8 sums[N] = {};
+        for (int64_t j = 0; j < count_; ++j) {
+          const f32x8 values = half(chunk_values_[j * vecs_ + v], h);
+          for (int i = 0; i < N; ++i) sums[i] += w[i][j] * values;
+        }
+        for (int i = 0; i < N; ++i) {
+          f32x8& acc = half(acc_[(first_row + i) * vecs_ + v], h);
+          acc = acc * rescale[i] + sums[i];
+        }
+      }
+    }
+#endif
   }
 
   const Problem* p_ = nullptr;

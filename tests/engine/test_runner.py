@@ -281,7 +281,10 @@ def test_each_tree_node_gets_the_bits_its_path_gets_as_a_chain(tiny_model_dir, b
 
     # a; b and c after a; d after c; e after b: paths a, a-b, a-c, a-c-d, a-b-e.
     tree = SequenceInput("s", [a, b, c, d, e], 150, 5, positions=[150, 151, 151, 152, 152], parents=[-1, 0, 0, 2, 1])
-    logits = prefilled().forward([tree])
+    runner = prefilled()
+    if not runner.batch_invariant:  # fp32 without AVX512F: a matmul row's bits depend on the call's row count
+        pytest.skip("the runner's logits are not batch invariant on this CPU")
+    logits = runner.forward([tree])
     for node, path in enumerate([[a], [a, b], [a, c], [a, c, d], [a, b, e]]):
         chain = prefilled().forward([SequenceInput("s", path, 150, len(path))])
         assert torch.equal(logits[node], chain[-1])

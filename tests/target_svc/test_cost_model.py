@@ -3,8 +3,9 @@ from collections import Counter
 
 import pytest
 
-from target_svc.cost_model import (PROFILE_REPEATS, SMALL_STEP_REPEATS, Coefficients, StepCostModel, StepShape,
-                                   attention_pairs, features)
+from target_svc import cost_model
+from target_svc.cost_model import (PROFILE_REPEATS, SMALL_STEP_REPEATS, SMALL_STEP_TOKENS, Coefficients,
+                                   StepCostModel, StepShape, attention_pairs, features)
 from engine.runner import ModelRunner
 
 
@@ -108,16 +109,31 @@ def test_the_start_up_profile_measures_the_runner_and_gives_its_memory_back(tiny
     assert model.predict(one(0, 64)) > model.predict(one(0, 1)) > 0
 
 
-def test_the_profile_times_the_steps_that_price_a_batch_1_draft_more_often_than_the_rest(tiny_model_dir):
-    """Their differences are tenths of a millisecond: the fastest of a few timings of them was noise."""
-    runner = ModelRunner(tiny_model_dir, kv_cache_tokens=1024, block_size=4)
-    timed = Counter()  # (sequences, new tokens each, cached tokens each) of the profile's steps past their prompts
+def _profiled_steps(model_dir) -> Counter:
+    """(sequences, new tokens each, cached tokens each) of a profile's steps past their prompts, counted."""
+    runner = ModelRunner(model_dir, kv_cache_tokens=1024, block_size=4)
+    timed = Counter()
     forward = runner.forward
     runner.forward = lambda batch: timed.update([(len(batch), len(batch[0].token_ids), batch[0].start_position)]
                                                 * (batch[0].start_position > 0)) or forward(batch)
     StepCostModel().profile(runner)
+    return timed
+
+
+def test_the_profile_times_the_steps_that_price_a_batch_1_draft_more_often_than_the_rest(tiny_model_dir):
+    """Their differences are tenths of a millisecond: the fastest of a few timings of them was noise."""
+    timed = _profiled_steps(tiny_model_dir)
     assert timed[1, 1, 16] == timed[1, 8, 16] == timed[8, 1, 32] == SMALL_STEP_REPEATS  # up to 8 new tokens in all
     assert timed[1, 16, 16] == timed[8, 2, 32] == PROFILE_REPEATS < SMALL_STEP_REPEATS
+
+
+def test_where_steps_are_slow_the_profile_times_the_larger_ones_once(tiny_model_dir, monkeypatch):
+    """So that a target whose tokens cost milliseconds each (bf16 without AVX512) starts in seconds, not minutes."""
+    monkeypatch.setattr(cost_model, "REPEAT_WITHIN_SECONDS", 0.0)  # every batch shape's first round overran it
+    timed = _profiled_steps(tiny_model_dir)
+    assert timed[1, 1, 16] == timed[1, 8, 16] == timed[8, 1, 32] == SMALL_STEP_REPEATS
+    larger = [count for (seqs, new, _), count in timed.items() if seqs * new > SMALL_STEP_TOKENS]
+    assert len(larger) == 3 + 6 + 6 and set(larger) == {1}  # 16 to 64 new tokens alone; 2 to 64 in batches of 8
 
 
 def test_a_term_the_data_pushes_below_zero_is_held_at_zero_and_the_others_refitted():

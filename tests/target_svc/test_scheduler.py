@@ -327,6 +327,19 @@ async def test_one_long_prompt_is_a_burst_not_a_load_its_pace_never_makes_a_step
         assert 24 < max(b - a for a, b in zip(prefilled, prefilled[1:])) <= 36
 
 
+async def test_with_nothing_decoding_a_long_prompt_goes_in_steps_of_at_most_two_seconds_of_work(tiny_model_dir,
+                                                                                             tmp_path):
+    """Not one step of the whole token budget: deep in a long prompt on a slow CPU that ran past the
+    --step-timeout, and a request arriving meanwhile would wait for all of it."""
+    cost = measured_cost(lambda shape: 0.020 + 0.008 * shape.tokens)  # 20 ms a step plus 8 ms a token
+    path = tmp_path / "steps.jsonl"
+    async with bf16_scheduler(tiny_model_dir, cost_model=cost, max_step_tokens=1024, step_log=StepLog(path)) \
+            as scheduler:
+        await run_to_end(scheduler, sequence("long", prompt_of(4, 1000), max_tokens=1))
+    pieces = [json.loads(line)["prefill_tokens"] for line in path.read_text().splitlines()]
+    assert sum(pieces) == 1000 and 240 <= max(pieces) <= 250  # 2 s at 8 ms a token
+
+
 @pytest.mark.parametrize("speculate", [False, True], ids=["none", "drafts"])
 async def test_when_the_kv_cache_runs_out_the_newest_sequences_are_preempted_and_outputs_do_not_change(
         tiny_model_dir, speculate):
