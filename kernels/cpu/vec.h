@@ -23,15 +23,18 @@ typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef _Float16 f16x16 __attribute__((vector_size(32)));
 
-#ifndef __AVX512F__
 // Without AVX-512 no register holds an f32x16: GCC keeps such values in memory, and a loop adding into
-// them goes through the stack at every step. The attention's hot loops work on 8-lane halves there, in
-// registers, lane by lane in the same order, so the bits are the same: a forward of 512 prompt tokens after
-// 1,024 took 8.8 s with whole vectors and 2.2 s with halves (fp32, AVX2 on a Zen 4 EPYC; AVX-512: 1.1 s).
-typedef float f32x8 __attribute__((vector_size(32), may_alias));
-inline f32x8& half(f32x16& v, int h) { return reinterpret_cast<f32x8*>(&v)[h]; }
-inline const f32x8& half(const f32x16& v, int h) { return reinterpret_cast<const f32x8*>(&v)[h]; }
-#endif
+// them goes through the stack at every step. Hot loops there may work on 8-lane halves instead, in
+// registers (see TileAttention::kHalves).
+typedef float f32x8 __attribute__((vector_size(32)));
+inline f32x8 load_half(const f32x16& v, int h) {
+  f32x8 part;
+  std::memcpy(&part, reinterpret_cast<const char*>(&v) + h * sizeof(part), sizeof(part));
+  return part;
+}
+inline void store_half(f32x16& v, int h, f32x8 part) {
+  std::memcpy(reinterpret_cast<char*>(&v) + h * sizeof(part), &part, sizeof(part));
+}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 

@@ -40,8 +40,10 @@ def bf16_stack():
     what shares its steps, how its prompt was split, or whether it was preempted and recomputed. With
     every CPU drafter and lookahead, the shipped EAGLE head, and a draft_model drafter: the target's own first 8 layers
     (LayerSkip's early exit)."""
+    # A deadline of 1 s for the drafters' answers, not 50 ms: these tests are about what drafts come back,
+    # and in bf16 on a CPU without AVX-512 the EAGLE head missed 50 ms on every ask (no draft in 384 tokens).
     yield from batch_invariant_stack(Stack(
-        ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16"],
+        ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16", "--drafter-timeout-ms", "1000"],
         drafters=(*DEFAULT_DRAFTERS, "draft_model", "eagle"),
         model_drafter_args=["--draft-layers", "8", "--dtype", "bfloat16"]))
 
