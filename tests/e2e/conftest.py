@@ -41,7 +41,8 @@ def bf16_stack():
     every CPU drafter and lookahead, the shipped EAGLE head, and a draft_model drafter: the target's own first 8 layers
     (LayerSkip's early exit)."""
     # A deadline of 1 s for the drafters' answers, not 50 ms: these tests are about what drafts come back,
-    # and in bf16 on a CPU without AVX-512 the EAGLE head missed 50 ms on every ask (no draft in 384 tokens).
+    # and in bf16 built for AVX2 (kernels and ATen; a Zen 4 EPYC) the EAGLE test got no draft in 384 tokens
+    # with 50 ms, 10 with 1 s.
     yield from batch_invariant_stack(Stack(
         ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16", "--drafter-timeout-ms", "1000"],
         drafters=(*DEFAULT_DRAFTERS, "draft_model", "eagle"),
