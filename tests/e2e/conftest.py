@@ -6,9 +6,14 @@ import pytest
 from specd_cli.stack import DEFAULT_DRAFTERS, Stack, StackPorts
 
 
-def _running(stack: Stack):
+# Where the CPU computes bf16 slowly (AVX2 alone), a bf16 stack's target times its steps (the start-up profile)
+# and its model drafters load for minutes; the tests that may start one allow for it (pytest.mark.timeout).
+BF16_START_TIMEOUT_S = 900.0
+
+
+def _running(stack: Stack, timeout_s: float = 300.0):
     try:
-        stack.up()
+        stack.up(timeout_s)
         yield stack
     finally:
         stack.down()
@@ -20,10 +25,10 @@ def target_is_batch_invariant(stack: Stack) -> bool:
         return 'batch_invariant="true"' in response.read().decode()
 
 
-def batch_invariant_stack(stack: Stack):
+def batch_invariant_stack(stack: Stack, timeout_s: float = 300.0):
     """A running stack whose tests need batch-invariant logits; they are skipped on a CPU where the
     target found its matmuls or attention not row independent (it says so in its log)."""
-    for running in _running(stack):
+    for running in _running(stack, timeout_s):
         if not target_is_batch_invariant(running):
             pytest.skip("the target's logits are not batch invariant on this CPU")
         yield running
@@ -46,11 +51,12 @@ def bf16_stack():
     yield from batch_invariant_stack(Stack(
         ports=StackPorts.free(), threads=2, extra_target_args=["--dtype", "bfloat16", "--drafter-timeout-ms", "1000"],
         drafters=(*DEFAULT_DRAFTERS, "draft_model", "eagle"),
-        model_drafter_args=["--draft-layers", "8", "--dtype", "bfloat16"]))
+        model_drafter_args=["--draft-layers", "8", "--dtype", "bfloat16"]), BF16_START_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
 def small_kv_stack():
     """bf16 with a KV cache of 512 tokens: a chat request of 96 tokens fits, eight at once do not."""
     yield from batch_invariant_stack(Stack(ports=StackPorts.free(), threads=2,
-                                           extra_target_args=["--dtype", "bfloat16", "--kv-cache-tokens", "512"]))
+                                           extra_target_args=["--dtype", "bfloat16", "--kv-cache-tokens", "512"]),
+                                     BF16_START_TIMEOUT_S)

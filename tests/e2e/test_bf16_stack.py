@@ -32,6 +32,7 @@ async def _tokens(client: SpecdClient, prompt: str, method: str) -> list[int]:
     return token_ids
 
 
+@pytest.mark.timeout(1800)  # it may start the bf16 stacks (conftest.BF16_START_TIMEOUT_S)
 async def test_bf16_greedy_speculation_in_a_crowd_equals_none_alone(bf16_stack):
     methods = ("ngram", "suffix", "trie", "lookahead", "fused", "draft_model", "eagle", "auto", "none")
     async with SpecdClient(bf16_stack.address("gateway")) as client:
@@ -41,6 +42,7 @@ async def test_bf16_greedy_speculation_in_a_crowd_equals_none_alone(bf16_stack):
         assert crowded[i::len(methods)] == alone, method
 
 
+@pytest.mark.timeout(1800)  # it may start the bf16 stacks (conftest.BF16_START_TIMEOUT_S)
 async def test_the_shipped_eagle_heads_drafts_reach_the_target_through_the_stack(bf16_stack):
     """The target's features reach the eagle drafter and its drafts come back to be verified. How many the
     target accepts is the head's quality, measured without the drafting gate in

@@ -84,6 +84,7 @@ class Streams:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+@pytest.mark.timeout(1800)  # it may start the bf16 stacks (conftest.BF16_START_TIMEOUT_S)
 async def test_a_kv_cache_too_small_for_the_load_preempts_and_every_output_equals_the_unconstrained_run(
         small_kv_stack, bf16_stack):
     unconstrained = await _all_at_once(bf16_stack, "none")
