@@ -25,6 +25,8 @@ from target_svc.drafting.registry import IN_TARGET_SOURCES
 # run for STABLE_AFTER_S starts over at the first.
 RESTART_BACKOFF_S = (1, 2, 4, 8, 16, 30)
 STABLE_AFTER_S = 60.0
+# How long `Stack.up` waits, by default, for every service to report SERVING.
+START_TIMEOUT_S = 300.0
 # Every CPU drafter service. A deployment not told its `method` serves `auto` over its drafters.
 DRAFTER_METHODS = ("ngram", "suffix", "trie")
 # The drafters that run a model, started on request (`specd up --drafters ngram,eagle`).
@@ -132,7 +134,7 @@ class Stack:
         self.processes[service] = subprocess.Popen(self.command(service))
         self.started_at[service] = time.monotonic()
 
-    def up(self, timeout_s: float = 300.0) -> None:
+    def up(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start every service and wait until each reports SERVING: the drafters, then the target, then the
         gateway, so that the target times its own steps as it starts (its step cost model's profile) while
         nothing else of the stack is loading on the same cores."""

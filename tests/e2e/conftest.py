@@ -3,7 +3,7 @@ import urllib.request
 
 import pytest
 
-from specd_cli.stack import DEFAULT_DRAFTERS, Stack, StackPorts
+from specd_cli.stack import DEFAULT_DRAFTERS, START_TIMEOUT_S, Stack, StackPorts
 
 
 # Where the CPU computes bf16 slowly (AVX2 alone), a bf16 stack's target times its steps (the start-up profile)
@@ -11,7 +11,7 @@ from specd_cli.stack import DEFAULT_DRAFTERS, Stack, StackPorts
 BF16_START_TIMEOUT_S = 900.0
 
 
-def _running(stack: Stack, timeout_s: float = 300.0):
+def _running(stack: Stack, timeout_s: float = START_TIMEOUT_S):
     try:
         stack.up(timeout_s)
         yield stack
@@ -25,7 +25,7 @@ def target_is_batch_invariant(stack: Stack) -> bool:
         return 'batch_invariant="true"' in response.read().decode()
 
 
-def batch_invariant_stack(stack: Stack, timeout_s: float = 300.0):
+def batch_invariant_stack(stack: Stack, timeout_s: float = START_TIMEOUT_S):
     """A running stack whose tests need batch-invariant logits; they are skipped on a CPU where the
     target found its matmuls or attention not row independent (it says so in its log)."""
     for running in _running(stack, timeout_s):
