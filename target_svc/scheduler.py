@@ -412,16 +412,22 @@ class Scheduler:
                    and item.end + len(window) <= self._runner.max_context_length]
         if not windows:  # most steps: no sequence's drafter has a window
             return
-        quiet = self._cost.quiet
-        plain_seconds = quiet.predict(StepShape.of((item.seq.num_computed, 1) for item in decoding)) + self._host_seconds
-        decoded_per_second = len(decoding) / max(plain_seconds, MIN_SECONDS)
+        plain_seconds = self._cost.quiet.predict(StepShape.of((item.seq.num_computed, 1) for item in decoding))
+        decoded_per_second = len(decoding) / max(plain_seconds + self._host_seconds, MIN_SECONDS)
         for item, window in windows:
-            seq = item.seq
-            seconds = sum(quiet.token_seconds(seq.num_computed + depth, len(decoding)) for depth in window.depths())
-            if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second:
+            seconds = self._paying_window_seconds(item.seq, window, len(decoding), decoded_per_second)
+            if seconds is not None:
                 item.window, item.window_seconds = window, seconds
             else:
                 self._metrics.window_tokens.labels("skipped").inc(len(window))
+
+    def _paying_window_seconds(self, seq: Sequence, window: Window, batch: int,
+                               decoded_per_second: float) -> float | None:
+        """What `window` adds to a step of `batch` decodes by the quiet cost model, if what it is expected to
+        bring pays for that; None if it does not (and so would not run)."""
+        quiet = self._cost.quiet
+        seconds = sum(quiet.token_seconds(seq.num_computed + depth, batch) for depth in window.depths())
+        return seconds if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second else None
 
     def _prefill_seconds(self, decoding: list[Scheduled], joining: list[Sequence]) -> float:
         """Seconds of prompt work a step may carry beside its decodes: STEP_STRETCH - 1 times the decoding
@@ -465,7 +471,9 @@ class Scheduler:
                        step_tokens: int, decoded_per_second: float, shadows: dict[tuple[str, str], DraftTree]) -> None:
         """Each shadow draft as far as this step would have verified it in place of its sequence's draft, and
         what that would have cost the batch: handed to the sequence's chooser, to score once the sequence's
-        tokens reach past it. One choice per method, its shadows in place of their sequences' drafts."""
+        tokens reach past it. One choice per method, its shadows in place of their sequences' drafts. A
+        drafter with a window (lookahead) is charged the window too, wherever it would have run: an ask of
+        it runs one, though the shadow's score cannot see what the window would bring."""
         by_method: dict[str, dict[str, DraftTree]] = {}
         for (sid, method), draft in shadows.items():
             by_method.setdefault(method, {})[sid] = draft
@@ -475,8 +483,11 @@ class Scheduler:
             choice = choose_drafts(instead, cached, self._cost.quiet, step_tokens, self._host_seconds)
             for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
                 if (draft := drafts.get(item.seq.request_id)) is not None and item.seq.chooser is not None:
+                    window = self._drafters.window(item.seq, method)
+                    window_seconds = (self._paying_window_seconds(item.seq, window, len(decoding), decoded_per_second)
+                                      if window is not None else None) or 0.0
                     item.seq.chooser.shadowed(ShadowDraft(method, len(item.seq.tokens), draft.truncated(length),
-                                                          added * decoded_per_second))
+                                                          (added + window_seconds) * decoded_per_second))
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
         """Drafts, then windows, trimmed to the token budget (every decode keeps its one token); where the

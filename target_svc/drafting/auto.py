@@ -28,7 +28,10 @@ trials, and `auto` drafted a fifth of what `suffix` did on them; 0.935x `suffix`
 settled on `ngram` for two thirds of its asks, 0.94x.) Lookahead is shadowed by the draft of its n-gram pool,
 which the target makes itself; what its window would add is not scored, since the window runs only in the
 forward of the sequences that chose it (explored instead by a verified ask every 32nd ask, lookahead took ~3%
-of the asks of Spec-Bench's sequences, mostly where `suffix` would have drafted further).
+of the asks of Spec-Bench's sequences, mostly where `suffix` would have drafted further). The window's
+price is charged, though, wherever it would have run (`Scheduler._price_shadows`): scored as its pool's draft
+alone, lookahead won 6% of the "best" asks on Spec-Bench (fp32, batch 1, 2-core EPYC), whose steps, with
+their windows, made 46 tokens a second against 71 for those asking `suffix`.
 Once a sequence has chosen, it stays with its drafter until another is expected to gain SWITCH_MARGIN
 tokens an ask more: without it, drafters of about the same worth took turns on noise (on 13 Spec-Bench
 prompts `ngram` took a sixth of the "best" asks though `suffix` alone was faster in every category), and

@@ -154,9 +154,10 @@ class Drafters:
         reply = await self._sources[method].propose(group)
         return method, reply, time.perf_counter() - started
 
-    def window(self, seq: Sequence) -> Window | None:
-        """The guesses the sequence's drafter would have ride in this step's forward, if it is such a source."""
-        source = self._sources.get(seq.drafting_method)
+    def window(self, seq: Sequence, method: str | None = None) -> Window | None:
+        """The guesses the sequence's drafter (or `method`'s, asked in its shadow) would have ride in this
+        step's forward, if it is such a source."""
+        source = self._sources.get(method or seq.drafting_method)
         return source.window(seq) if isinstance(source, WindowSource) else None
 
     def observe(self, seq: Sequence, guesses: list[int], num_verified: int, accepted_nodes: tuple[int, ...]) -> None:

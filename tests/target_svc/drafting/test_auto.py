@@ -14,7 +14,8 @@ from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
 from tests.target_svc.drafting.test_fused import OneAskAtATime
-from tests.target_svc.test_scheduler import sequence
+from tests.target_svc.drafting.test_lookahead import cost_model
+from tests.target_svc.test_scheduler import Oracle, bf16_scheduler, run_to_end, sequence
 
 
 def ask(chooser: MethodChooser, gains: dict[str, float]) -> tuple[str, str]:
@@ -228,6 +229,41 @@ async def test_lookahead_is_shadowed_by_the_draft_of_its_n_gram_pool_made_in_the
     answers = await drafters.propose([(seq, 2)], shadows=[(seq, 2, "lookahead")])
     assert answers.shadows[("a", "lookahead")].token_ids == (8, 9)
     assert answers.drafts["a"] == DraftTree.chain([6], [0.5])
+
+
+class ShadowsKept(MethodChooser):
+    """An `auto` sequence's chooser that keeps every shadow draft it is handed."""
+
+    def __init__(self, methods: list[str], record: MethodRecord):
+        super().__init__(methods, record)
+        self.handed: list[ShadowDraft] = []
+
+    def shadowed(self, shadow: ShadowDraft) -> None:
+        self.handed.append(shadow)
+        super().shadowed(shadow)
+
+
+class WindowWithoutPool(LookaheadSource):
+    """Lookahead whose pool never drafts: all an ask of it brings a step is its window."""
+
+    async def propose(self, wanted):
+        await super().propose(wanted)
+        return {}
+
+
+async def test_a_lookahead_shadow_is_charged_the_window_an_ask_of_lookahead_would_run(tiny_model_dir):
+    """Scored on its pool's draft alone, lookahead looked as good as an n-gram drafter, and each ask it then
+    won paid for a window of ~15 tokens besides."""
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = await run_to_end(scheduler, sequence("a", max_tokens=48))
+    async with bf16_scheduler(tiny_model_dir, sources=[Oracle({"a": expected}), WindowWithoutPool()],
+                              cost_model=cost_model(1e-5)) as scheduler:
+        seq = sequence("a", max_tokens=48)
+        seq.speculative = SpeculativeConfig(method="auto", num_speculative_tokens=4)
+        seq.chooser = ShadowsKept(scheduler._drafters.auto_methods, scheduler._drafters._auto_record)
+        assert await run_to_end(scheduler, seq) == expected
+    shadows = [shadow for shadow in seq.chooser.handed if shadow.method == "lookahead"]
+    assert shadows and all(not shadow.draft and shadow.price > 0 for shadow in shadows)
 
 
 def test_auto_sequences_whose_best_choices_differ_all_ask_the_drafter_most_of_them_chose():
