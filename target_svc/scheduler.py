@@ -483,11 +483,16 @@ class Scheduler:
             choice = choose_drafts(instead, cached, self._cost.quiet, step_tokens, self._host_seconds)
             for item, length, added in zip(decoding, choice.lengths, choice.added_seconds):
                 if (draft := drafts.get(item.seq.request_id)) is not None and item.seq.chooser is not None:
-                    window = self._drafters.window(item.seq, method)
-                    window_seconds = (self._paying_window_seconds(item.seq, window, len(decoding), decoded_per_second)
-                                      if window is not None else None) or 0.0
+                    window_seconds = self._shadow_window_seconds(item.seq, method, len(decoding), decoded_per_second)
                     item.seq.chooser.shadowed(ShadowDraft(method, len(item.seq.tokens), draft.truncated(length),
                                                           (added + window_seconds) * decoded_per_second))
+
+    def _shadow_window_seconds(self, seq: Sequence, method: str, batch: int, decoded_per_second: float) -> float:
+        """What the window of `method`'s drafter would have added to this step had the sequence asked it: 0
+        for a drafter without one, or where it would not have paid (and so not run)."""
+        window = self._drafters.window(seq, method)
+        paying = self._paying_window_seconds(seq, window, batch, decoded_per_second) if window is not None else None
+        return paying or 0.0
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
         """Drafts, then windows, trimmed to the token budget (every decode keeps its one token); where the
