@@ -126,9 +126,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve_flags.add_argument("--request-rate", type=float, default=math.inf,
                              help="Poisson arrivals at this many requests/s (default inf: closed loop, each client "
                                   "sends its next request when the last one ends)")
-    serve_flags.add_argument("--num-prompts", type=int, default=64,
+    serve_flags.add_argument("--num-prompts", type=int, default=None,
                              help="requests per method and concurrency, drawn from the prompt set; each level "
-                                  "gets prompts of its own while the set has enough (default 64)")
+                                  "gets prompts of its own while the set has enough (default: two rounds at "
+                                  "every level, 4 x its clients, at least 16)")
     serve_flags.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     serve_flags.add_argument("--rounds", type=int, default=4,
                              help="the methods take turns over each level's prompts in this many slices, each of "
@@ -269,6 +270,18 @@ def _print_failures(records) -> int:
     return len(failed)
 
 
+def _level_counts(args: argparse.Namespace) -> list[int]:
+    """Requests per method at each concurrency level: --num-prompts, or `default_num_prompts`."""
+    from specd_cli.bench.serve_runner import default_num_prompts
+
+    return [default_num_prompts(concurrency) if args.num_prompts is None else args.num_prompts
+            for concurrency in args.concurrency]
+
+
+def _slashed(values: list[int]) -> str:
+    return "/".join(map(str, values))
+
+
 async def _serve(args: argparse.Namespace) -> int:
     import torch
 
@@ -277,12 +290,12 @@ async def _serve(args: argparse.Namespace) -> int:
 
     threads = args.threads or torch.get_num_threads()
     pool = load_sharegpt(args.sharegpt) if args.sharegpt else load_spec_bench(args.prompts)
-    levels = len(args.concurrency)
-    if len(pool) < args.num_prompts * levels:
-        print(f"specd bench: {len(pool)} prompts for {levels} levels of {args.num_prompts}: later levels repeat "
+    counts = _level_counts(args)
+    if len(pool) < sum(counts):
+        print(f"specd bench: {len(pool)} prompts for levels of {_slashed(counts)}: later levels repeat "
               f"earlier levels' prompts, which drafters that learn across requests will have seen answered",
               file=sys.stderr)
-    prompts = level_prompts(pool, args.num_prompts, levels, args.seed)
+    prompts = level_prompts(pool, counts, args.seed)
     run_dir = results.new_run_dir(args.output_dir, "serve")
     settings, records = await _measure_serve(args, prompts, threads, run_dir)
     _write_serve(args, settings, records, threads, run_dir)
@@ -299,7 +312,7 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
                     args.methods, args.draft_layers, args.protocol, args.warm_corpus, args.step_logs) as stack:
         settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
-                                 args.num_prompts, args.max_tokens, args.temperature, args.seed, args.warmup,
+                                 _level_counts(args), args.max_tokens, args.temperature, args.seed, args.warmup,
                                  args.timeout, tuple(stack.own_gateways), args.rounds)
         async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
             runner = LoadRunner(gateway, settings, prompts)
@@ -319,7 +332,8 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
     source = args.sharegpt or args.prompts
     shown = {"model": args.model, "max_tokens": args.max_tokens, "temperature": f"{args.temperature:g}",
              "arrivals": "closed loop" if closed_loop else f"Poisson {args.request_rate:g} req/s",
-             "requests": f"{args.num_prompts} per method and concurrency from {source.name}",
+             "requests": f"{_slashed(settings.num_prompts)} per method at concurrency {_slashed(settings.concurrencies)} "
+                         f"from {source.name}",
              "warm-up": f"{args.warmup} untimed request(s) per method, excluded",
              "rounds": f"up to {args.rounds} per level, methods in turn",
              **_stacks_shown(args, settings.own_stacks)}

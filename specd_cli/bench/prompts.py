@@ -88,11 +88,12 @@ def sample_prompts(prompts: list[Prompt], count: int, seed: int) -> list[Prompt]
     return [order[i % len(order)] for i in range(count)]
 
 
-def level_prompts(prompts: list[Prompt], count: int, levels: int, seed: int) -> list[list[Prompt]]:
-    """`count` prompts for each of `levels` load levels, no level's among an earlier one's where the set
-    holds count x levels: drafters that learn across requests (suffix decoding's global tree, the trie)
-    would otherwise draft a level's answers from the same prompts' answers at the levels before (measured:
-    `auto` decoded them in half the time, which flattered its throughput and, with the clients' time
-    going to prompt work instead, made its TTFT look twice `none`'s at 32 clients)."""
-    drawn = sample_prompts(prompts, count * levels, seed)
-    return [drawn[level * count:(level + 1) * count] for level in range(levels)]
+def level_prompts(prompts: list[Prompt], counts: list[int], seed: int) -> list[list[Prompt]]:
+    """`counts[i]` prompts for load level i, no level's among an earlier one's where the set holds them all:
+    drafters that learn across requests (suffix decoding's global tree, the trie) would otherwise draft a
+    level's answers from the same prompts' answers at the levels before (measured: `auto` decoded them in
+    half the time, which flattered its throughput and, with the clients' time going to prompt work instead,
+    made its TTFT look twice `none`'s at 32 clients)."""
+    drawn = sample_prompts(prompts, sum(counts), seed)
+    starts = [sum(counts[:level]) for level in range(len(counts))]
+    return [drawn[start:start + count] for start, count in zip(starts, counts)]

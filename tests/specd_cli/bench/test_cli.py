@@ -10,7 +10,9 @@ from specd_cli.bench.deployment import resolve_methods
 from specd_cli.bench.errors import BenchError
 from specd_cli.bench.plots import plot_serving, plot_speedup_by_category
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH, load_spec_bench
+from specd_cli.bench.cli import _level_counts
 from specd_cli.bench.results import git_info, machine_info, write_json
+from specd_cli.bench.serve_runner import MIN_ROUND_CLIENTS
 from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 from specd_cli.main import _build_parser, main
 
@@ -45,6 +47,16 @@ def test_no_baselines_and_unknown_baselines():
 def test_serve_flags_default_to_a_closed_loop_over_four_concurrencies_in_four_rounds():
     args = _build_parser().parse_args(["bench", "serve", "--num-prompts", "8"])
     assert (args.concurrency, args.request_rate, args.num_prompts, args.rounds) == ([1, 4, 16, 64], math.inf, 8, 4)
+    assert _level_counts(args) == [8, 8, 8, 8]
+
+
+def test_by_default_every_serve_level_gets_two_full_rounds_and_the_five_levels_fit_spec_bench():
+    args = _build_parser().parse_args(["bench", "serve", "--concurrency", "1,4,16,32,64"])
+    counts = _level_counts(args)
+    assert counts == [16, 16, 64, 128, 256]
+    assert sum(counts) == len(load_spec_bench(DEFAULT_SPEC_BENCH))
+    for concurrency, count in zip(args.concurrency, counts):
+        assert count >= 2 * MIN_ROUND_CLIENTS * concurrency
 
 
 def test_a_missing_prompt_file_is_a_clear_error_before_anything_starts(tmp_path, capsys):

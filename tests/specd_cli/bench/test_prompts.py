@@ -64,8 +64,8 @@ def test_sampled_prompts_are_seeded_and_cycle_through_a_small_set(spec_bench_fil
 
 def test_each_load_level_gets_prompts_no_earlier_level_had_while_the_set_has_enough(spec_bench_file):
     pool = load_spec_bench(spec_bench_file)  # 6 prompts
-    first, second = level_prompts(pool, 3, levels=2, seed=3)
-    assert len(first) == len(second) == 3 and not set(first) & set(second)
-    assert level_prompts(pool, 3, levels=2, seed=3) == [first, second]
+    first, second = level_prompts(pool, [2, 4], seed=3)
+    assert (len(first), len(second)) == (2, 4) and not set(first) & set(second)
+    assert level_prompts(pool, [2, 4], seed=3) == [first, second]
     # a set too small for every level: the later levels repeat prompts
-    assert sum(map(len, level_prompts(pool, 4, levels=2, seed=3))) == 8
+    assert sum(map(len, level_prompts(pool, [4, 4], seed=3))) == 8

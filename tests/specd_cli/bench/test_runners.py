@@ -158,7 +158,7 @@ def test_poisson_send_times_are_seeded_with_mean_spacing_one_over_the_rate():
 
 
 def serve_settings(**kw):
-    values = dict(methods=["none", "ngram"], concurrencies=[1, 3], request_rate=math.inf, num_prompts=4,
+    values = dict(methods=["none", "ngram"], concurrencies=[1, 3], request_rate=math.inf, num_prompts=[4, 4],
                   max_tokens=8, temperature=0.0, seed=0, warmup=1, timeout_s=5.0)
     values.update(kw)
     return ServeSettings(**values)
