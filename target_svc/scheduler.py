@@ -55,12 +55,17 @@ ADMISSION_WATERMARK = 0.01
 # recent steps verified and the drafters' round trip; priced by the cost model, where a chunk deep in a
 # long prompt costs more per token), so a step with prompt work costs at most STEP_STRETCH plain ones.
 # (Five times let the steps alternate between plain decodes and steps five times as long: at 32 clients
-# the median gap fell on either, and its p99 was 2.2 to 5.9 times its p50 from one run to the next.)
+# the median gap fell on either, and its p99 was 2.2 to 5.9 times its p50 from one run to the next. At
+# three, a third of the steps carried prompt work at three plain steps' cost and the rest none, so the
+# median gap was a plain step's and the p99 a stretched one's: 1.8 to 2.9 times the median on a quiet
+# machine, 3.8 in a long run on a busy one. At two, and a burst's steps at three, more steps carry less: 1.5 and 1.8 times, at the same
+# throughput, TTFT p50 1.1-1.2 s against 1.0 s; `bench serve`, `none`, 32 clients, 128 prompts.)
 # If the prompts need more, the step carries PREFILL_PACE times the prompt work arriving per step (a mean
-# over about RECENT_STEPS steps), so that under a steady load the queue drains at an even pace, or the
-# joining prompts' remaining work over DRAIN_STEPS, so that a queue built up (a burst; a closed loop
-# whose arrivals slowed because its batch shrank) drains. But a step never grows past MAX_STRETCH times
-# the decoding part: one long prompt, or a burst of them, must not slow every stream for many steps.
+# over about RECENT_STEPS steps), so that under a steady load the queue drains at an even pace, up to
+# MAX_PACE_STRETCH times the decoding part: a load is served at what it costs, or its queue grows without
+# bound. Or the joining prompts' remaining work over DRAIN_STEPS, so that a queue built up (a burst; a
+# closed loop whose arrivals slowed because its batch shrank) drains, but then never past MAX_STRETCH
+# times the decoding part: one long prompt, or a burst of them, must not slow every stream for many steps.
 # (At 8, a level of `bench serve` at 32 clients whose first 32 requests arrived together with 11 long
 # prompts among them ran 16 s of steps of ~650 ms, against a median gap of 128 ms: p99 5.1 times it. At
 # 4, on other prompts after a level at 16 clients: gap p99/p50 1.29 against 2.28 at 8, at the same
@@ -69,10 +74,11 @@ ADMISSION_WATERMARK = 0.01
 # MIN_PREFILL_CHUNK tokens. With nothing decoding a step takes what its token budget holds up to
 # IDLE_STEP_SECONDS of prompt work: a 2,048-token chunk deep in an 8k prompt took 21 s on an AVX2 CPU (fp32),
 # near the --step-timeout that declares the target stuck, and a request arriving meanwhile waited all of it.
-STEP_STRETCH = 3.0
+STEP_STRETCH = 2.0
 PREFILL_PACE = 1.25
 DRAIN_STEPS = 16
-MAX_STRETCH = 4.0
+MAX_STRETCH = 3.0
+MAX_PACE_STRETCH = 4.0
 MIN_PREFILL_CHUNK = 16
 IDLE_STEP_SECONDS = 2.0
 RECENT_STEPS = 64
@@ -431,9 +437,9 @@ class Scheduler:
 
     def _prefill_seconds(self, decoding: list[Scheduled], joining: list[Sequence]) -> float:
         """Seconds of prompt work a step may carry beside its decodes: STEP_STRETCH - 1 times the decoding
-        part of the batch once the joining prompts are in it, or, if more, PREFILL_PACE times the prompt
-        work arriving per step or their remaining work over DRAIN_STEPS, but never more than
-        MAX_STRETCH - 1 times that decoding part. IDLE_STEP_SECONDS when nothing decodes."""
+        part of the batch once the joining prompts are in it, or, if more, their remaining work over
+        DRAIN_STEPS up to MAX_STRETCH - 1 times that decoding part, or PREFILL_PACE times the prompt work
+        arriving per step up to MAX_PACE_STRETCH - 1 times it. IDLE_STEP_SECONDS when nothing decodes."""
         if not decoding:
             return IDLE_STEP_SECONDS
         plain = StepShape.of([(item.seq.num_computed, 1) for item in decoding]
@@ -441,8 +447,9 @@ class Scheduler:
         decoding_part = self._cost.predict(plain) + self._draft_seconds + self._round_trip
         backlog = sum(self._cost.chunk_seconds(seq.num_computed, seq.prefill_target - seq.num_computed)
                       for seq in joining)
-        wanted = max((STEP_STRETCH - 1) * decoding_part, PREFILL_PACE * self._prompt_arrivals, backlog / DRAIN_STEPS)
-        return min(wanted, (MAX_STRETCH - 1) * decoding_part)
+        burst = min(max((STEP_STRETCH - 1) * decoding_part, backlog / DRAIN_STEPS), (MAX_STRETCH - 1) * decoding_part)
+        pace = min(PREFILL_PACE * self._prompt_arrivals, (MAX_PACE_STRETCH - 1) * decoding_part)
+        return max(burst, pace)
 
     def _choose_drafts(self, decoding: list[Scheduled], prefilling: list[Scheduled],
                        shadows: dict[tuple[str, str], DraftTree]) -> None:
