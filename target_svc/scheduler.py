@@ -58,8 +58,9 @@ ADMISSION_WATERMARK = 0.01
 # the median gap fell on either, and its p99 was 2.2 to 5.9 times its p50 from one run to the next. At
 # three, a third of the steps carried prompt work at three plain steps' cost and the rest none, so the
 # median gap was a plain step's and the p99 a stretched one's: 1.8 to 2.9 times the median on a quiet
-# machine, 3.8 in a long run on a busy one. At two, and a burst's steps at three, more steps carry less: 1.5 and 1.8 times, at the same
-# throughput, TTFT p50 1.1-1.2 s against 1.0 s; `bench serve`, `none`, 32 clients, 128 prompts.)
+# machine, 3.8 in a long run on a busy one. At two, and a burst's steps at three, more steps carry less:
+# 1.5 and 1.8 times, at the same throughput, TTFT p50 1.1-1.2 s against 1.0 s; `bench serve`, `none`,
+# 32 clients, 128 prompts.)
 # If the prompts need more, the step carries PREFILL_PACE times the prompt work arriving per step (a mean
 # over about RECENT_STEPS steps), so that under a steady load the queue drains at an even pace, up to
 # MAX_PACE_STRETCH times the decoding part: a load is served at what it costs, or its queue grows without
@@ -447,7 +448,8 @@ class Scheduler:
         decoding_part = self._cost.predict(plain) + self._draft_seconds + self._round_trip
         backlog = sum(self._cost.chunk_seconds(seq.num_computed, seq.prefill_target - seq.num_computed)
                       for seq in joining)
-        burst = min(max((STEP_STRETCH - 1) * decoding_part, backlog / DRAIN_STEPS), (MAX_STRETCH - 1) * decoding_part)
+        burst = min(max((STEP_STRETCH - 1) * decoding_part, backlog / DRAIN_STEPS),
+                    (MAX_STRETCH - 1) * decoding_part)
         pace = min(PREFILL_PACE * self._prompt_arrivals, (MAX_PACE_STRETCH - 1) * decoding_part)
         return max(burst, pace)
 

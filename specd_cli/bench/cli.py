@@ -332,8 +332,8 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
     source = args.sharegpt or args.prompts
     shown = {"model": args.model, "max_tokens": args.max_tokens, "temperature": f"{args.temperature:g}",
              "arrivals": "closed loop" if closed_loop else f"Poisson {args.request_rate:g} req/s",
-             "requests": f"{_slashed(settings.num_prompts)} per method at concurrency {_slashed(settings.concurrencies)} "
-                         f"from {source.name}",
+             "requests": f"{_slashed(settings.num_prompts)} per method at concurrency "
+                         f"{_slashed(settings.concurrencies)} from {source.name}",
              "warm-up": f"{args.warmup} untimed request(s) per method, excluded",
              "rounds": f"up to {args.rounds} per level, methods in turn",
              **_stacks_shown(args, settings.own_stacks)}
