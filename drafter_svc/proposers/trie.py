@@ -25,7 +25,14 @@ from specd.options import Option, OptionSchema
 
 MAX_BRANCH_LENGTH = 12  # PIA's and MindIE's default branch length, and its most here
 KEY_LENGTH = 2  # tokens looked up: the last two, falling back to the last one
-MAX_TRIE_NODES = 1_000_000  # the global trie's bound (~0.3 KB a node in Python)
+MAX_TRIE_NODES = 2_000_000  # the global trie's bound (~0.3 KB a node in Python)
+# The share of the bound a warm corpus may fill. A trim walks the whole trie (0.9 s of a core at 1M nodes,
+# which slows the target's forward on a small CPU for longer) and keeps only the nodes passed more than
+# once (a quarter of a warm corpus), so it must be rare: filled to four fifths of a bound of 1M, the trie
+# of a `bench serve` run went over it after 205 of its 480 requests (the outputs of 2026-12-02's run,
+# replayed), in the round at 32 clients where `trie` ran at 0.90x `none` (1.05x the round before). With
+# 1.2M nodes free, ~1,000 such requests come before the first trim.
+WARM_SHARE = 0.4
 
 
 class MergedNode:
@@ -86,12 +93,12 @@ class TrieProposer:
 
     def __init__(self, max_nodes: int = MAX_TRIE_NODES, warm_outputs: Iterable[list[int]] = ()):
         """`warm_outputs`: outputs the global trie starts with (drafter_svc.warm_corpus), in order while they
-        fit in four fifths of its bound (a corpus may hold far more: taking in ~60 us a token, and trimming
+        fit in WARM_SHARE of its bound (a corpus may hold far more: taking in ~60 us a token, and trimming
         as it went, a large one would cost a minute at every start)."""
         self.max_nodes = max_nodes
         self.global_trie = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
         for output in warm_outputs:
-            if self.global_trie.num_nodes > 0.8 * self.max_nodes:
+            if self.global_trie.num_nodes > WARM_SHARE * self.max_nodes:
                 break
             self.global_trie.add(output)
 
