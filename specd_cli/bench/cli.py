@@ -312,8 +312,8 @@ async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_di
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
                     args.methods, args.draft_layers, args.protocol, args.warm_corpus, args.step_logs) as stack:
         settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
-                                 _level_counts(args), args.max_tokens, args.temperature, args.seed, args.warmup,
-                                 args.timeout, tuple(stack.own_gateways), args.rounds)
+                                 [len(level) for level in prompts], args.max_tokens, args.temperature, args.seed,
+                                 args.warmup, args.timeout, tuple(stack.own_gateways), args.rounds)
         async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
             runner = LoadRunner(gateway, settings, prompts)
             await runner.warm_up()

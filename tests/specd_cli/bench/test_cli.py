@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 import specd_cli.bench
+from specd_cli.bench.cli import _level_counts
 from specd_cli.bench.deployment import resolve_methods
 from specd_cli.bench.errors import BenchError
 from specd_cli.bench.plots import plot_serving, plot_speedup_by_category
 from specd_cli.bench.prompts import DEFAULT_SPEC_BENCH, load_spec_bench
-from specd_cli.bench.cli import _level_counts
 from specd_cli.bench.results import git_info, machine_info, write_json
 from specd_cli.bench.serve_runner import MIN_ROUND_CLIENTS
 from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
