@@ -33,6 +33,7 @@ MAX_TRIE_NODES = 2_000_000  # the global trie's bound (~0.3 KB a node in Python)
 # replayed), in the round at 32 clients where `trie` ran at 0.90x `none` (1.05x the round before). With
 # 1.2M nodes free, ~1,000 such requests come before the first trim.
 WARM_SHARE = 0.4
+TRIM_TO = 0.8  # the share of the bound a trim brings the trie back under
 
 
 class MergedNode:
@@ -156,9 +157,9 @@ class TrieProposer:
         return None
 
     def _trim(self) -> None:
-        """Drop the rarely used branches until the trie is back under four fifths of its bound."""
+        """Drop the rarely used branches until the trie is back under TRIM_TO of its bound."""
         below = 2
-        while self.global_trie.num_nodes > 0.8 * self.max_nodes:
+        while self.global_trie.num_nodes > TRIM_TO * self.max_nodes:
             self.global_trie.prune(below)
             below *= 2
 
