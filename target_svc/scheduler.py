@@ -331,19 +331,24 @@ class Scheduler:
             if seq.chooser is not None:
                 self._metrics.auto_choices.labels(method, why).inc()
             wanted.setdefault(method, []).append((seq, k))
-        asking = {method: group for method, group in wanted.items()
-                  if self._gate(method).worth_asking([s for s, _ in group], len(decodes), plain_seconds,
-                                                     self._step_seconds, drafters=len(wanted))}
+        asking: dict[str, list[tuple[Sequence, int]]] = {}
+        for method, group in wanted.items():
+            picked = self._gate(method).to_ask([s for s, _ in group], len(decodes), plain_seconds,
+                                               self._step_seconds, drafters=len(wanted))
+            if picked:
+                asking[method] = _kept(group, picked)
         # The drafters are asked concurrently: while the step waits for the slowest one asked, a drafter whose
         # round trip is no longer costs it no wait, and rides along.
-        longest = max((self._gate(method).round_trip or 0.0 for method in asking), default=0.0)
+        longest = max((self._gate(method).line.seconds(len(group)) for method, group in asking.items()), default=0.0)
         for method, group in wanted.items():
-            if method in asking:
-                continue
-            if self._gate(method).rides_along(longest):
-                asking[method] = group
+            gate = self._gate(method)
+            if method not in asking and (riders := gate.riding([s for s, _ in group], longest)):
+                asking[method] = _kept(group, riders)
+            asked_ids = {s.request_id for s, _ in asking.get(method, [])}
+            if not asked_ids:
+                gate.skipped([s for s, _ in group])
             else:
-                self._gate(method).skipped([s for s, _ in group])
+                gate.left_out([s for s, _ in group if s.request_id not in asked_ids])
         if len(asking) < len(wanted):
             self._metrics.drafting_skipped.inc()
         return bool(wanted), asking
@@ -766,6 +771,12 @@ def _take_guesses(verified: list[Scheduled], logits: torch.Tensor) -> torch.Tens
         if item.window:
             item.guesses = [next(guesses) for _ in item.window.guess_nodes]
     return logits[verify_rows]
+
+
+def _kept(group: list[tuple[Sequence, int]], picked: list[Sequence]) -> list[tuple[Sequence, int]]:
+    """The (sequence, draft budget) pairs of `group` whose sequence was picked."""
+    ids = {seq.request_id for seq in picked}
+    return [(seq, k) for seq, k in group if seq.request_id in ids]
 
 
 def _moved(mean: float, value: float) -> float:

@@ -138,6 +138,11 @@ def _subtree_size(node: SuffixNode) -> int:
     return size
 
 
+def _likeliest_first(item: tuple[int, Node]) -> tuple[int, int]:
+    token, child = item
+    return -child.count, token
+
+
 @dataclass(frozen=True)
 class Speculation:
     draft: DraftTree
@@ -155,10 +160,15 @@ def speculate(node: Node, budget: int, min_token_prob: float, tree_mode: bool, m
     def offer(parent_node: Node, parent: int, chance: float, depth: int) -> None:
         nonlocal tie
         total, children = parent_node.continuations(min_token_prob / chance)
+        likely = [item for item in children if chance * (item[1].count / total) >= min_token_prob]
+        if not likely:
+            return
         # the likeliest first, ties by token: the same draft whatever order a node keeps its children in
-        likely = sorted((item for item in children if chance * (item[1].count / total) >= min_token_prob),
-                        key=lambda item: (-item[1].count, item[0]))
-        for token, child in (likely if tree_mode else likely[:1]):
+        if tree_mode:
+            likely.sort(key=_likeliest_first)
+        else:
+            likely = [min(likely, key=_likeliest_first)]
+        for token, child in likely:
             share = child.count / total
             heapq.heappush(frontier, (-chance * share, tie, parent, token, share, child, depth))
             tie += 1
@@ -170,6 +180,6 @@ def speculate(node: Node, budget: int, min_token_prob: float, tree_mode: bool, m
         parents.append(parent)
         probs.append(share)
         score -= negative_chance
-        if depth < max_depth:
+        if depth < max_depth and len(tokens) < budget:  # a full draft takes no more children
             offer(child, len(tokens) - 1, -negative_chance, depth + 1)
     return Speculation(DraftTree(tuple(tokens), tuple(parents), tuple(probs), score), score)

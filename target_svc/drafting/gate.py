@@ -1,14 +1,20 @@
-"""Whether a step asks a drafter at all: its round trip against what its drafts have been gaining (each
-drafter has its own gate).
+"""Which of a step's sequences a drafter is asked for, if any: its round trip against what their drafts
+have been gaining (each drafter has its own gate).
 
 While the drafters answer, the model waits; the step cost model does not see that time, and with one
 sequence it is about a tenth of a step. So each sequence keeps a moving mean of what an ask gained it
 (`Sequence.draft_gain`): the draft tokens accepted, less the decode tokens that verifying its draft
 cost the batch (`Scheduled.draft_price`); an ask that offered it nothing gained nothing, because its
-round trip was paid all the same. A step asks only when the gain the batch expects is worth more than
-the tokens the batch would decode in the round trip, decoding plainly (the cost model's price of the
+round trip was paid all the same. The round trip is a line in the sequences asked (`RoundTripLine`): a
+fixed part, and a part per sequence (its update and its draft, in the drafter's Python: ~0.25 ms for
+`suffix` and `trie`, so 64 sequences take ~17 ms; split evenly until the counts asked vary). A step asks
+for the sequences expected to gain more than their own part costs, and only when together they gain more
+than the fixed part too; both priced
+in the tokens the batch would decode meanwhile, decoding plainly (the cost model's price of the
 decodes' newest tokens alone, and what every step costs besides its forward: prompt chunks riding in
 the steps are done whatever is asked, and counted in, they made a round trip look cheap under load).
+Asking for the whole batch or none, a few sequences copying a passage were asked for only when the rest
+came along, at 64 clients in about a third of the steps, each ask ~20 ms of a ~160 ms step.
 
 What a sequence is expected to gain is its own mean, drifting back to what asks have typically gained
 any sequence (`typical_gain`) while it goes unasked: its text may have turned repetitive since. A
@@ -28,9 +34,10 @@ TYPICAL_EVIDENCE sequences anything, every step asks: a text's first repeat come
 first empty answer says little about what asks gain.
 
 Where the step asks some drafter anyway (another method's sequences wanted it), one whose round trip is
-no longer is asked too, whatever its gate's own judgement: the drafters answer concurrently, so it adds
-no wait, and the cost model verifies only what of its drafts pays (`rides_along`). Under `auto`, whose
-sequences want several drafters, probes that each came in steps of their own then come together.
+no longer is asked too, whatever its gate's own judgement, for as many sequences as keep it no longer
+(those expected to gain most first): the drafters answer concurrently, so it adds no wait, and the cost
+model verifies only what of its drafts pays (`riding`). Under `auto`, whose sequences want several
+drafters, probes that each came in steps of their own then come together.
 
 An ask the drafter left unanswered (it is down, failed, or missed its deadline) says nothing of what its
 drafts gain, nor of its round trip when it answers: it is kept apart. After MISSES_BEFORE_PROBING in a row
@@ -49,6 +56,12 @@ PROBE_EVERY = 8
 PROBE_SHARE = 0.02  # what probing a drafter whose drafts never pay may cost, at most, as a share of the time
 TYPICAL_EVIDENCE = 16  # sequence-asks before their typical gain is trusted
 SMOOTHING = 0.25  # weight of an ask's round trip in their moving mean
+LINE_SMOOTHING = 0.1  # weight of an ask in the line its round trip is fitted to (a slope needs a longer memory)
+# Spread of the sequence counts asked (their variance) below which the line is taken as all slope: the round
+# trip is split evenly between the sequences asked, so each is asked for only while it pays for its share, and
+# the counts asked come to vary. (All fixed part, a batch whose few copying sequences could not pay for the
+# whole batch's round trip would ask for the same whole batch, or none of it, for good.)
+MIN_SPREAD = 1.0
 # Weight of an asked step's gain in its sequence's mean gain and in the typical gain, once they have seen
 # 1 / GAIN_SMOOTHING asks (before, they are the plain mean of the asks so far, so a newcomer's first runs
 # count in full). Gains come in runs (a passage copied, then nothing for a while), so the mean must outlast
@@ -60,11 +73,45 @@ DRIFT = 0.25  # the share of the way back to the typical gain a sequence's expec
 MISSES_BEFORE_PROBING = 2  # unanswered asks in a row after which the drafter is asked only as a probe
 
 
+class RoundTripLine:
+    """An ask's seconds as `fixed + per_sequence x sequences asked`, by least squares over moving means."""
+
+    def __init__(self):
+        self._means: tuple[float, float, float, float] | None = None  # of n, seconds, n², n x seconds
+
+    def observe(self, sequences: int, seconds: float) -> None:
+        values = (sequences, seconds, sequences * sequences, sequences * seconds)
+        self._means = values if self._means is None else tuple(
+            mean + LINE_SMOOTHING * (value - mean) for mean, value in zip(self._means, values))
+
+    @property
+    def per_sequence(self) -> float:
+        if self._means is None:
+            return 0.0
+        n, seconds, nn, n_seconds = self._means
+        spread = nn - n * n
+        if spread < MIN_SPREAD:
+            return seconds / n
+        # Within what the asks took on average: noise must not make the fixed part negative, nor a sequence free.
+        return min(max(0.0, (n_seconds - n * seconds) / spread), seconds / n)
+
+    @property
+    def fixed(self) -> float:
+        if self._means is None:
+            return 0.0
+        n, seconds, _, _ = self._means
+        return seconds - self.per_sequence * n
+
+    def seconds(self, sequences: int) -> float:
+        return self.fixed + self.per_sequence * sequences
+
+
 class DraftingGate:
     def __init__(self):
         # Seconds an ask costs the step, a moving mean (None before the first): its round trip, and what the
         # drafter's work meanwhile slows the forward by (`AskOverhang`).
         self.round_trip: float | None = None
+        self.line = RoundTripLine()  # the same by the sequences asked
         self.unanswered_round_trip: float | None = None  # the same for the asks that went unanswered
         self.misses = 0  # unanswered asks since the last answered one
         self.typical_gain: float | None = None  # what an ask gained any one sequence, a moving mean
@@ -82,29 +129,43 @@ class DraftingGate:
         drift = 1.0 - (1.0 - DRIFT) ** seq.unasked_steps
         return seq.draft_gain + drift * (self.typical_gain - seq.draft_gain)
 
-    def worth_asking(self, wanting: list[Sequence], decodes: int, plain_seconds: float, step_seconds: float,
-                     drafters: int = 1) -> bool:
-        """Whether to ask for `wanting`'s drafts in a step of `decodes` decoding sequences whose newest tokens
-        alone take `plain_seconds` a step (the cost model's forward and the step's work besides it), recent
-        steps having taken `step_seconds` (prompt chunks, drafts and all), the step's sequences wanting
-        `drafters` drafters in all."""
+    def to_ask(self, wanting: list[Sequence], decodes: int, plain_seconds: float, step_seconds: float,
+               drafters: int = 1) -> list[Sequence]:
+        """The sequences of `wanting` to ask drafts for (none: skip the drafter this step), in a step of
+        `decodes` decoding sequences whose newest tokens alone take `plain_seconds` a step (the cost model's
+        forward and the step's work besides it), recent steps having taken `step_seconds` (prompt chunks,
+        drafts and all), the step's sequences wanting `drafters` drafters in all."""
         if not wanting:
-            return False
+            return []
         if self.misses >= MISSES_BEFORE_PROBING:
-            return self.unasked_steps >= self._probe_every(self.unanswered_round_trip, step_seconds, drafters)
+            probe_due = self.unasked_steps >= self._probe_every(self.unanswered_round_trip, step_seconds, drafters)
+            return list(wanting) if probe_due else []
         if self.round_trip is None or self.evidence < TYPICAL_EVIDENCE:
-            return True
+            return list(wanting)
         if self.unasked_steps >= self._probe_every(self.round_trip, step_seconds, drafters):
-            return True
-        decoded_meanwhile = self.round_trip * decodes / plain_seconds if plain_seconds > 0 else 0.0
-        return sum(self.expected_gain(s) for s in wanting) > decoded_meanwhile
+            return list(wanting)
+        worth = self._worth_their_part(wanting, decodes, plain_seconds)
+        fixed_cost = self.line.fixed * decodes / plain_seconds if plain_seconds > 0 else 0.0
+        return [seq for seq, _ in worth] if sum(net for _, net in worth) > fixed_cost else []
 
-    def rides_along(self, longest_round_trip: float) -> bool:
-        """Whether to ask in a step that waits `longest_round_trip` seconds for other drafters anyway, if
-        this drafter's round trip is no longer: its drafts cost then only what the cost model keeps of them.
-        Not while it misses asks (its round trip is unknown then)."""
-        return (self.round_trip is not None and self.misses < MISSES_BEFORE_PROBING
-                and self.round_trip <= longest_round_trip)
+    def riding(self, wanting: list[Sequence], longest_round_trip: float) -> list[Sequence]:
+        """The sequences of `wanting` to ask for in a step that waits `longest_round_trip` seconds for other
+        drafters anyway: as many as an ask of no longer can carry, those expected to gain most first. None
+        while the drafter misses asks (what it takes to answer is unknown then)."""
+        if self.round_trip is None or self.misses >= MISSES_BEFORE_PROBING:
+            return []
+        line = self.line
+        room = len(wanting) if line.per_sequence == 0.0 else int((longest_round_trip - line.fixed) / line.per_sequence)
+        if line.fixed > longest_round_trip or room <= 0:
+            return []
+        return sorted(wanting, key=self.expected_gain, reverse=True)[:room]
+
+    def _worth_their_part(self, wanting: list[Sequence], decodes: int,
+                          plain_seconds: float) -> list[tuple[Sequence, float]]:
+        """(sequence, tokens) for each sequence expected to gain more than its part of the round trip costs
+        the batch, in tokens decoded meanwhile: with what it is expected to gain beyond that."""
+        part = self.line.per_sequence * decodes / plain_seconds if plain_seconds > 0 else 0.0
+        return [(seq, gain - part) for seq in wanting if (gain := self.expected_gain(seq)) > part]
 
     @staticmethod
     def _probe_every(round_trip: float, step_seconds: float, drafters: int) -> float:
@@ -118,6 +179,8 @@ class DraftingGate:
         """An ask cost the step `round_trip` seconds, and each (sequence, tokens): what the asked sequence's
         draft gained the batch, in tokens (its accepted draft tokens less its draft's price; 0 for no draft)."""
         self.round_trip = moved(self.round_trip, round_trip, SMOOTHING)
+        if gains:
+            self.line.observe(len(gains), round_trip)
         self.misses = 0
         self.unasked_steps = 0
         for seq, tokens in gains:
@@ -134,6 +197,12 @@ class DraftingGate:
         self.unasked_steps = 0
 
     def skipped(self, wanting: list[Sequence]) -> None:
+        """A step asked the drafter for none of `wanting`."""
         self.unasked_steps += 1
-        for seq in wanting:
+        self.left_out(wanting)
+
+    @staticmethod
+    def left_out(sequences: list[Sequence]) -> None:
+        """A step asked the drafter for others, not for `sequences`."""
+        for seq in sequences:
             seq.unasked_steps += 1

@@ -434,6 +434,49 @@ async def test_a_drafter_no_slower_than_one_the_step_waits_for_is_asked_beside_i
         assert wrong.asks > TYPICAL_EVIDENCE + 1 + (46 - TYPICAL_EVIDENCE) // (PROBE_EVERY + 1)
 
 
+class PartialOracle(Oracle):
+    """The oracle's drafts for the sequences it has outputs for, wrong guesses for the rest; each sequence
+    asked for costs its answer `per_sequence` seconds. Counts the asks for each sequence."""
+
+    def __init__(self, outputs: dict[str, list[int]], per_sequence: float = 0.001):
+        super().__init__(outputs)
+        self.per_sequence = per_sequence
+        self.asks: dict[str, int] = {}
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        for seq, _ in wanted:
+            self.asks[seq.request_id] = self.asks.get(seq.request_id, 0) + 1
+        await asyncio.sleep(self.per_sequence * len(wanted))
+        drafts = await super().propose([(seq, k) for seq, k in wanted if seq.request_id in self.outputs])
+        for seq, k in wanted:
+            if seq.request_id not in self.outputs:
+                drafts[seq.request_id] = DraftTree.chain([(seq.tokens[-1] + 1) % 64] * k, [0.9] * k)
+        return drafts
+
+
+async def test_a_drafter_is_asked_for_the_sequences_whose_drafts_pay_without_the_rest_of_the_batch(tiny_model_dir):
+    """One sequence copies a passage and the rest draft nothing that is accepted: the copying one is asked
+    for at almost every step, alone (the whole batch's round trip is worth more than its draft), the others
+    seldom."""
+    names = ["copying", *(f"other {i}" for i in range(7))]
+    prompts = {name: prompt_of(60 + i, 8) for i, name in enumerate(names)}
+    async with bf16_scheduler(tiny_model_dir) as scheduler:
+        expected = {name: await run_to_end(scheduler, sequence(name, prompts[name], max_tokens=48)) for name in names}
+    drafter = PartialOracle({"copying": expected["copying"]})
+    cost = measured_cost(lambda shape: 0.020 + 0.0001 * shape.tokens)
+    async with bf16_scheduler(tiny_model_dir, sources=[drafter], cost_model=cost) as scheduler:
+        seqs = [Sequence(name, prompts[name], SamplingParams(max_tokens=48),
+                         SpeculativeConfig(method="oracle", num_speculative_tokens=4), 48, eos_token_ids=frozenset())
+                for name in names]
+        got = await asyncio.gather(*(run_to_end(scheduler, seq) for seq in seqs))
+        assert got == [expected[name] for name in names]
+        copying_steps = seqs[0].usage.verification_steps
+        assert drafter.asks["copying"] >= copying_steps - 2
+        # of their 48 steps each: the first asks, until TYPICAL_EVIDENCE sequence-asks have shown what asks
+        # gain, and a few as what they are expected to gain drifts back to the typical gain
+        assert all(drafter.asks[name] <= 8 for name in names[1:])
+
+
 class TreeOracle(Oracle):
     """Drafts a tree whose first branch is wrong and whose second is the reference continuation, so the
     accepted path is never the first nodes: its K/V must move into place."""
