@@ -326,29 +326,28 @@ class Scheduler:
         round_trip_cost = {method: gate.round_trip / plain_seconds for method, gate in self._gates.items()
                            if gate.round_trip is not None and plain_seconds > 0}
         budgets = [(seq, k) for seq in decodes if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0]
-        choices = self._drafters.choose_methods([seq for seq, _ in budgets], round_trip_cost)
+        choices = self._drafters.choose_methods(_sequences(budgets), round_trip_cost)
         for (seq, k), (method, why) in zip(budgets, choices):
             if seq.chooser is not None:
                 self._metrics.auto_choices.labels(method, why).inc()
             wanted.setdefault(method, []).append((seq, k))
         asking: dict[str, list[tuple[Sequence, int]]] = {}
+        passed_over: dict[str, list[Sequence]] = {}  # the sequences of an asked drafter's group it is not asked for
         for method, group in wanted.items():
-            picked = self._gate(method).to_ask([s for s, _ in group], len(decodes), plain_seconds,
-                                               self._step_seconds, drafters=len(wanted))
-            if picked:
-                asking[method] = _kept(group, picked)
+            if picked := self._gate(method).to_ask(_sequences(group), len(decodes), plain_seconds,
+                                                   self._step_seconds, drafters=len(wanted)):
+                asking[method], passed_over[method] = _split(group, picked)
         # The drafters are asked concurrently: while the step waits for the slowest one asked, a drafter whose
         # round trip is no longer costs it no wait, and rides along.
         longest = max((self._gate(method).line.seconds(len(group)) for method, group in asking.items()), default=0.0)
         for method, group in wanted.items():
             gate = self._gate(method)
-            if method not in asking and (riders := gate.riding([s for s, _ in group], longest)):
-                asking[method] = _kept(group, riders)
-            asked_ids = {s.request_id for s, _ in asking.get(method, [])}
-            if not asked_ids:
-                gate.skipped([s for s, _ in group])
+            if method not in asking and (riders := gate.riding(_sequences(group), longest)):
+                asking[method], passed_over[method] = _split(group, riders)
+            if method in asking:
+                gate.left_out(passed_over[method])
             else:
-                gate.left_out([s for s, _ in group if s.request_id not in asked_ids])
+                gate.skipped(_sequences(group))
         if len(asking) < len(wanted):
             self._metrics.drafting_skipped.inc()
         return bool(wanted), asking
@@ -773,10 +772,16 @@ def _take_guesses(verified: list[Scheduled], logits: torch.Tensor) -> torch.Tens
     return logits[verify_rows]
 
 
-def _kept(group: list[tuple[Sequence, int]], picked: list[Sequence]) -> list[tuple[Sequence, int]]:
-    """The (sequence, draft budget) pairs of `group` whose sequence was picked."""
+def _sequences(group: list[tuple[Sequence, int]]) -> list[Sequence]:
+    return [seq for seq, _ in group]
+
+
+def _split(group: list[tuple[Sequence, int]],
+           picked: list[Sequence]) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
+    """The (sequence, draft budget) pairs of `group` whose sequence was picked, and the sequences not picked."""
     ids = {seq.request_id for seq in picked}
-    return [(seq, k) for seq, k in group if seq.request_id in ids]
+    return ([(seq, k) for seq, k in group if seq.request_id in ids],
+            [seq for seq, _ in group if seq.request_id not in ids])
 
 
 def _moved(mean: float, value: float) -> float:

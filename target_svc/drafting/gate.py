@@ -84,26 +84,29 @@ class RoundTripLine:
         self._means = values if self._means is None else tuple(
             mean + LINE_SMOOTHING * (value - mean) for mean, value in zip(self._means, values))
 
-    @property
-    def per_sequence(self) -> float:
+    def fit(self) -> tuple[float, float]:
+        """(fixed, per_sequence) seconds: (0, 0) before any ask."""
         if self._means is None:
-            return 0.0
+            return 0.0, 0.0
         n, seconds, nn, n_seconds = self._means
         spread = nn - n * n
         if spread < MIN_SPREAD:
-            return seconds / n
+            return 0.0, seconds / n
         # Within what the asks took on average: noise must not make the fixed part negative, nor a sequence free.
-        return min(max(0.0, (n_seconds - n * seconds) / spread), seconds / n)
+        per_sequence = min(max(0.0, (n_seconds - n * seconds) / spread), seconds / n)
+        return seconds - per_sequence * n, per_sequence
+
+    @property
+    def per_sequence(self) -> float:
+        return self.fit()[1]
 
     @property
     def fixed(self) -> float:
-        if self._means is None:
-            return 0.0
-        n, seconds, _, _ = self._means
-        return seconds - self.per_sequence * n
+        return self.fit()[0]
 
     def seconds(self, sequences: int) -> float:
-        return self.fixed + self.per_sequence * sequences
+        fixed, per_sequence = self.fit()
+        return fixed + per_sequence * sequences
 
 
 class DraftingGate:
@@ -144,9 +147,13 @@ class DraftingGate:
             return list(wanting)
         if self.unasked_steps >= self._probe_every(self.round_trip, step_seconds, drafters):
             return list(wanting)
-        worth = self._worth_their_part(wanting, decodes, plain_seconds)
-        fixed_cost = self.line.fixed * decodes / plain_seconds if plain_seconds > 0 else 0.0
-        return [seq for seq, _ in worth] if sum(net for _, net in worth) > fixed_cost else []
+        # Seconds of the round trip priced in the tokens the batch would decode meanwhile.
+        fixed, per_sequence = self.line.fit()
+        tokens_a_second = decodes / plain_seconds if plain_seconds > 0 else 0.0
+        part = per_sequence * tokens_a_second
+        # Each sequence expected to gain more than its part costs, with what it gains beyond that.
+        worth = [(seq, gain - part) for seq in wanting if (gain := self.expected_gain(seq)) > part]
+        return [seq for seq, _ in worth] if sum(net for _, net in worth) > fixed * tokens_a_second else []
 
     def riding(self, wanting: list[Sequence], longest_round_trip: float) -> list[Sequence]:
         """The sequences of `wanting` to ask for in a step that waits `longest_round_trip` seconds for other
@@ -154,18 +161,11 @@ class DraftingGate:
         while the drafter misses asks (what it takes to answer is unknown then)."""
         if self.round_trip is None or self.misses >= MISSES_BEFORE_PROBING:
             return []
-        line = self.line
-        room = len(wanting) if line.per_sequence == 0.0 else int((longest_round_trip - line.fixed) / line.per_sequence)
-        if line.fixed > longest_round_trip or room <= 0:
+        fixed, per_sequence = self.line.fit()
+        if fixed > longest_round_trip:
             return []
+        room = len(wanting) if per_sequence == 0.0 else int((longest_round_trip - fixed) / per_sequence)
         return sorted(wanting, key=self.expected_gain, reverse=True)[:room]
-
-    def _worth_their_part(self, wanting: list[Sequence], decodes: int,
-                          plain_seconds: float) -> list[tuple[Sequence, float]]:
-        """(sequence, tokens) for each sequence expected to gain more than its part of the round trip costs
-        the batch, in tokens decoded meanwhile: with what it is expected to gain beyond that."""
-        part = self.line.per_sequence * decodes / plain_seconds if plain_seconds > 0 else 0.0
-        return [(seq, gain - part) for seq in wanting if (gain := self.expected_gain(seq)) > part]
 
     @staticmethod
     def _probe_every(round_trip: float, step_seconds: float, drafters: int) -> float:
