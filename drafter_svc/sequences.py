@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from specd import defaults
 from specd.errors import InvalidArgument, check_length
-from specd.limits import MAX_DRAFTER_SEQUENCE_TOKENS, MAX_SEQUENCE_ID_CHARS
+from specd.limits import MAX_CORPUS_SCOPE_CHARS, MAX_DRAFTER_SEQUENCE_TOKENS, MAX_SEQUENCE_ID_CHARS
 from specd.v1 import drafter_pb2
 
 
@@ -65,6 +65,7 @@ class SequenceUpdate:
     appended_token_ids: list[int]
     prompt_length: int = 0  # from position 0 only: how many of the tokens are the prompt
     features: FeaturesUpdate | None = None  # to drafters that draft from the target's features
+    corpus_scope: str = ""  # from position 0 only: whose outputs a learning drafter drafts it from
 
     @classmethod
     def from_pb(cls, pb: drafter_pb2.SequenceUpdate, field_prefix: str, vocab_size: int) -> SequenceUpdate:
@@ -82,8 +83,10 @@ class SequenceUpdate:
         if pb.start_position == 0 and not 0 <= pb.prompt_length <= len(pb.appended_token_ids):
             raise InvalidArgument(f"{field_prefix}.prompt_length", f"must be in 0..{len(pb.appended_token_ids)} "
                                   f"(the tokens sent), got {pb.prompt_length}")
+        check_length(f"{field_prefix}.corpus_scope", pb.corpus_scope, MAX_CORPUS_SCOPE_CHARS, "characters")
         features = FeaturesUpdate.from_pb(pb.features, f"{field_prefix}.features") if pb.HasField("features") else None
-        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids), pb.prompt_length, features)
+        return cls(pb.sequence_id, pb.start_position, list(pb.appended_token_ids), pb.prompt_length, features,
+                   pb.corpus_scope)
 
 
 @dataclass
@@ -114,6 +117,7 @@ class SequenceState:
         self.acceptance = AcceptanceHistory()
         self.options: dict[str, Any] = {}  # the method's options for this sequence, resolved once
         self.prompt_length = 0  # the first tokens that are the prompt (the rest its output so far)
+        self.corpus_scope = ""  # which requests' outputs it drafts from and teaches (SpeculativeConfig.corpus_scope)
         # Whatever the proposer keeps per sequence (an n-gram index); it lives and dies with the sequence.
         self.proposer_state: Any = None
         # Features received and not yet taken in by the proposer (only for one that drafts from them).

@@ -126,12 +126,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self._evict()
 
     def _apply(self, requested: list[Entry]) -> list[SequenceState | None]:
-        """Each entry's sequence with its update applied (options and prompt length set from its first);
-        None where the update does not follow what the drafter holds."""
+        """Each entry's sequence with its update applied (options, prompt length and scope set from its
+        first); None where the update does not follow what the drafter holds."""
         states = [self._sequences.apply(update) for update, _, _ in requested]
         for state, (update, _, options) in zip(states, requested):
             if state is not None and options is not None:
                 state.options, state.prompt_length = options, update.prompt_length
+                state.corpus_scope = update.corpus_scope
         return states
 
     def _release(self, sequence_ids: list[str]) -> None:

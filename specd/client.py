@@ -13,11 +13,12 @@ from specd.types import SamplingParams
 from specd.v1 import common_pb2, generation_pb2, generation_pb2_grpc
 
 
-def speculative_config(method: str = "", num_speculative_tokens: int | None = None,
+def speculative_config(method: str = "", num_speculative_tokens: int | None = None, corpus_scope: str = "",
                        **options) -> common_pb2.SpeculativeConfig:
     """A request's speculative settings in vLLM's flat form: what is left out takes the deployment's
-    defaults, and the keyword options are the method's own (e.g. prompt_lookup_max=4 for ngram)."""
-    pb = common_pb2.SpeculativeConfig(method=method)
+    defaults, and the keyword options are the method's own (e.g. prompt_lookup_max=4 for ngram).
+    `corpus_scope`: only requests of the same scope draft from each other's outputs (suffix, trie)."""
+    pb = common_pb2.SpeculativeConfig(method=method, corpus_scope=corpus_scope)
     if num_speculative_tokens is not None:
         pb.num_speculative_tokens = num_speculative_tokens
     pb.options.update(options)

@@ -7,6 +7,7 @@ MAX_REQUEST_ID_CHARS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 1024
 MAX_CHAT_MESSAGES = 4096
+MAX_CORPUS_SCOPE_CHARS = 64  # SpeculativeConfig.corpus_scope (a tenant's name, a hash of its key)
 
 # Drafter API. The target never sends past these: a longer sequence goes draft-free, and a step
 # whose sync would exceed MAX_PROPOSE_TOKENS leaves some sequences out until the next step.

@@ -9,7 +9,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from specd.errors import InvalidArgument
+from specd.errors import InvalidArgument, check_length
+from specd.limits import MAX_CORPUS_SCOPE_CHARS
 from specd.options import OptionSchema, OptionValue, options_from_pb, options_to_pb
 from specd.v1 import common_pb2
 
@@ -95,6 +96,7 @@ class SpeculativeConfig:
     method: str = ""
     num_speculative_tokens: int = 8
     options: Mapping[str, OptionValue] = field(default_factory=dict)
+    corpus_scope: str = ""  # which requests' outputs the learning drafters draft this one from ("": everyone's)
 
     @property
     def speculates(self) -> bool:
@@ -113,8 +115,10 @@ class SpeculativeConfig:
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise InvalidArgument("speculative.num_speculative_tokens",
                                   f"must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        check_length("speculative.corpus_scope", request.corpus_scope, MAX_CORPUS_SCOPE_CHARS, "characters")
         return SpeculativeConfig(method, k, schema.resolve({**self._defaults_for(schema),
-                                                            **options_from_pb(request.options)}))
+                                                            **options_from_pb(request.options)}),
+                                 request.corpus_scope)
 
     def check_as_default(self, schemas: Mapping[str, OptionSchema]) -> None:
         """A deployment default must resolve, and its options must suit the methods that declare them."""
@@ -129,7 +133,7 @@ class SpeculativeConfig:
 
     def to_pb(self) -> common_pb2.SpeculativeConfig:
         return common_pb2.SpeculativeConfig(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
-                                            options=options_to_pb(self.options))
+                                            options=options_to_pb(self.options), corpus_scope=self.corpus_scope)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Suffix decoding (Oliaro et al., SuffixDecoding; ArcticInference's suffix_decoding, vLLM's `suffix`
 method): continue the text the way its latest tokens continued before.
 
-Suffix trees count what followed what: one per request over its prompt and output, one global tree
-over the outputs of earlier requests (the newest `max_cached_requests` of them), and the warm corpus
-the deployment starts from (`corpus_index`: searched as a tree, kept as a suffix array, so a corpus of
+Suffix trees count what followed what: one per request over its prompt and output, one per corpus scope
+over the outputs of earlier requests of that scope (SpeculativeConfig.corpus_scope; the newest
+`max_cached_requests` outputs of all scopes), and the warm corpus every scope starts from (`corpus_index`: searched as a tree, kept as a suffix array, so a corpus of
 millions of tokens fits). A tree holds every substring of up to `TREE_DEPTH` tokens, each node counting
 the occurrences through it.
 To propose, the last `match_len` tokens of the sequence are looked up in each tree for every
@@ -29,8 +29,8 @@ from drafter_svc.sequences import SequenceState
 from specd.drafts import DraftTree
 from specd.options import Option, OptionSchema
 
-MAX_CACHED_REQUESTS = 10_000  # outputs the global tree keeps, newest first (vLLM's default)
-# The global tree's size bound in nodes (~0.3 KB each in Python): past it, the oldest outputs go first.
+MAX_CACHED_REQUESTS = 10_000  # outputs the scopes' trees keep in all, newest first (vLLM's default)
+# The scopes' trees' size bound in nodes, all together (~0.3 KB each in Python): past it, the oldest outputs go first.
 MAX_GLOBAL_NODES = 1_000_000
 # A draft token's estimate is its count share times m / (m + half), m the matched tokens behind it (a token at
 # depth d of a draft from an m-token match continues an (m + d - 1)-token match once its ancestors are
@@ -61,36 +61,49 @@ class SuffixProposer:
 
     def __init__(self, max_cached_requests: int = MAX_CACHED_REQUESTS, max_global_nodes: int = MAX_GLOBAL_NODES,
                  warm_outputs: Iterable[list[int]] = ()):
-        """`warm_outputs`: the warm corpus (drafter_svc.warm_corpus), drafted from beside the global tree
-        and never pushed out by what is served."""
+        """`warm_outputs`: the warm corpus (drafter_svc.warm_corpus), drafted from in every scope beside its
+        outputs' tree and never pushed out by what is served."""
         self.max_cached_requests = max_cached_requests
-        if max_cached_requests == 0:  # no global tree: whole outputs teach it nothing
+        if max_cached_requests == 0:  # no outputs kept: whole outputs teach it nothing
             self.schema = dataclasses.replace(SuffixProposer.schema, learns_outputs=False)
         self.max_global_nodes = max_global_nodes
-        self.global_tree = SuffixTree()
-        self._cached: deque[list[int]] = deque()  # the outputs in the global tree, oldest first
+        self._trees: dict[str, SuffixTree] = {}  # by corpus scope: its finished requests' outputs
+        self._cached: deque[tuple[str, list[int]]] = deque()  # the outputs in the trees and their scopes, oldest first
+        self._nodes = 0  # in all the trees
         self.corpus = CorpusIndex(list(warm_outputs), TREE_DEPTH)
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         return [self._propose_one(request) for request in batch]
 
     def release(self, sequence: SequenceState) -> None:
-        """A finished request's output joins the global tree."""
-        self._remember(sequence.tokens[sequence.prompt_length:])
+        """A finished request's output joins its scope's tree."""
+        self._remember(sequence.corpus_scope, sequence.tokens[sequence.prompt_length:])
 
-    def _remember(self, output: list[int]) -> None:
-        """`output` joins the global tree; the oldest go past the bounds."""
+    def outputs_tree(self, scope: str) -> SuffixTree | None:
+        """The tree of the outputs of `scope`'s finished requests (None before its first)."""
+        return self._trees.get(scope)
+
+    def _remember(self, scope: str, output: list[int]) -> None:
+        """`output` joins `scope`'s tree; the oldest of any scope go past the bounds."""
         if self.max_cached_requests == 0 or not output:
             return
-        self.global_tree.add(output)
-        self._cached.append(output)
-        while self._cached and (len(self._cached) > self.max_cached_requests
-                                or self.global_tree.num_nodes > self.max_global_nodes):
-            self.global_tree.remove(self._cached.popleft())
+        self._count(scope, output, SuffixTree.add)
+        self._cached.append((scope, output))
+        while self._cached and (len(self._cached) > self.max_cached_requests or self._nodes > self.max_global_nodes):
+            self._count(*self._cached.popleft(), SuffixTree.remove)
+
+    def _count(self, scope: str, output: list[int], change) -> None:
+        """`change` (add or remove) `output` in `scope`'s tree, keeping the node total; an emptied tree goes."""
+        tree = self._trees.setdefault(scope, SuffixTree())
+        before = tree.num_nodes
+        change(tree, output)
+        self._nodes += tree.num_nodes - before
+        if tree.num_nodes == 0:
+            del self._trees[scope]
 
     def sizes(self) -> dict[str, int]:
-        return {"global_tree_nodes": self.global_tree.num_nodes, "global_tree_requests": len(self._cached),
-                "corpus_tokens": self.corpus.num_tokens}
+        return {"global_tree_nodes": self._nodes, "global_tree_requests": len(self._cached),
+                "corpus_scopes": len(self._trees), "corpus_tokens": self.corpus.num_tokens}
 
     def _propose_one(self, request: DraftRequest) -> DraftTree:
         seq, options = request.sequence, request.options
@@ -101,8 +114,9 @@ class SuffixProposer:
             local = seq.proposer_state = TextIndex(TREE_DEPTH, seq.epoch)
         local.sync(seq.tokens)
         longest = options["max_tree_depth"]
+        outputs = self._trees.get(seq.corpus_scope)
         candidates = [*(("own", n, node) for n, node in local.matches(seq.tokens, longest)),
-                      *(("other", n, node) for n, node in self.global_tree.matches(seq.tokens, longest)),
+                      *(("other", n, node) for n, node in (outputs.matches(seq.tokens, longest) if outputs else ())),
                       *(("other", n, node) for n, node in self.corpus.matches(seq.tokens, longest))]
         budgets = [min(request.max_tokens, math.floor(match_len * options["max_spec_factor"]
                                                       + options["max_spec_offset"])) for _, match_len, _ in candidates]

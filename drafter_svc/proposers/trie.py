@@ -1,15 +1,17 @@
 """MindIE's memory_decoding (after PIA's lookahead cache): a frequency trie over the token history of
-prompts and outputs, global across requests.
+prompts and outputs, global across requests (across those of one corpus scope).
 
 Every window of the text, its first token then up to `branch_length` + 1 more, is a path in the trie
 (so the trie is a suffix tree of that depth), each node counting the windows through it. A request's
-prompt is counted for that request alone and dropped when it ends; outputs are counted for everyone,
-as they are generated. To propose, the last two tokens are looked up (the last one if the two never
+prompt is counted for that request alone and dropped when it ends; outputs are counted for every request
+of its scope (SpeculativeConfig.corpus_scope), as they are generated, in the scope's trie; a warm corpus,
+in a trie of its own, counts for every scope. To propose, the last two tokens are looked up (the last one if the two never
 occurred together) in both counts at once, and the most frequent continuations are expanded best
 first: a tree of up to `decoding_length` nodes, at most `branch_length` deep, or a chain of each
 node's most frequent child. With `dynamic_algo` the length follows how much of the sequence's recent
 drafts was accepted. Each token's estimate is its share of its siblings' counts; the target's cost
-model has the last word on what is verified. Past `max_nodes`, the rarely used branches go.
+model has the last word on what is verified. Past `max_nodes` in all the tries, the scopes' rarely used
+branches go.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from specd.options import Option, OptionSchema
 
 MAX_BRANCH_LENGTH = 12  # PIA's and MindIE's default branch length, and its most here
 KEY_LENGTH = 2  # tokens looked up: the last two, falling back to the last one
-MAX_TRIE_NODES = 2_000_000  # the global trie's bound (~0.3 KB a node in Python)
+MAX_TRIE_NODES = 2_000_000  # the tries' bound, all together (~0.3 KB a node in Python)
 # The share of the bound a warm corpus may fill. A trim walks the whole trie (0.9 s of a core at 1M nodes,
 # which slows the target's forward on a small CPU for longer) and keeps only the nodes passed more than
 # once (a quarter of a warm corpus), so it must be rare: filled to four fifths of a bound of 1M, the trie
@@ -33,7 +35,7 @@ MAX_TRIE_NODES = 2_000_000  # the global trie's bound (~0.3 KB a node in Python)
 # replayed), in the round at 32 clients where `trie` ran at 0.90x `none` (1.05x the round before). With
 # 1.2M nodes free, ~1,000 such requests come before the first trim.
 WARM_SHARE = 0.4
-TRIM_TO = 0.8  # the share of the bound a trim brings the trie back under
+TRIM_TO = 0.8  # the share of the bound a trim brings the tries back under
 
 
 class MergedNode:
@@ -70,13 +72,14 @@ def merged_node(nodes: list[SuffixNode | TextNode]) -> Node:
 
 class TrieState:
     """What the trie drafter keeps per sequence: its prompt, indexed as a trie of its own (`TextIndex`),
-    and where its output stands in the global trie."""
+    and where its output stands in its scope's trie."""
 
-    def __init__(self, epoch: int, global_generation: int):
+    def __init__(self, epoch: int):
         self.epoch = epoch
         self.prompt = TextIndex(KEY_LENGTH + MAX_BRANCH_LENGTH)
+        self.outputs: SuffixTree | None = None  # its scope's trie, which the frontier points into
         self.output_frontier: list[SuffixNode] = []
-        self.generation = global_generation  # of the global trie the frontier points into
+        self.generation = 0  # of that trie when the frontier was taken
         self.num_tokens = 0
 
 
@@ -93,27 +96,33 @@ class TrieProposer:
     ), learns_outputs=True)
 
     def __init__(self, max_nodes: int = MAX_TRIE_NODES, warm_outputs: Iterable[list[int]] = ()):
-        """`warm_outputs`: outputs the global trie starts with (drafter_svc.warm_corpus), in order while they
-        fit in WARM_SHARE of its bound (a corpus may hold far more: taking in ~60 us a token, and trimming
-        as it went, a large one would cost a minute at every start)."""
+        """`warm_outputs`: outputs every scope starts with (drafter_svc.warm_corpus), in order while they fit
+        in WARM_SHARE of the bound (a corpus may hold far more: taking in ~60 us a token, a large one would
+        cost a minute at every start)."""
         self.max_nodes = max_nodes
-        self.global_trie = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
+        self.warm_trie = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
         for output in warm_outputs:
-            if self.global_trie.num_nodes > WARM_SHARE * self.max_nodes:
+            if self.warm_trie.num_nodes > WARM_SHARE * self.max_nodes:
                 break
-            self.global_trie.add(output)
+            self.warm_trie.add(output)
+        self._tries: dict[str, SuffixTree] = {}  # by corpus scope: its requests' outputs
+        self._scope_nodes = 0  # in all of them
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         drafts = [self._propose_one(request) for request in batch]
-        if self.global_trie.num_nodes > self.max_nodes:
+        if self.num_nodes > self.max_nodes:
             self._trim()
         return drafts
 
     def release(self, sequence: SequenceState) -> None:
-        """The prompt's counts go with the sequence's state; its output stays in the global trie."""
+        """The prompt's counts go with the sequence's state; its output stays in its scope's trie."""
+
+    @property
+    def num_nodes(self) -> int:
+        return self.warm_trie.num_nodes + self._scope_nodes
 
     def sizes(self) -> dict[str, int]:
-        return {"trie_nodes": self.global_trie.num_nodes}
+        return {"trie_nodes": self.num_nodes, "corpus_scopes": len(self._tries)}
 
     def _propose_one(self, request: DraftRequest) -> DraftTree:
         seq, options = request.sequence, request.options
@@ -133,33 +142,42 @@ class TrieProposer:
         return draft
 
     def _synced(self, seq: SequenceState) -> TrieState:
-        """`seq`'s state with every token counted: the prompt's in its own trie, the output's in the global."""
+        """`seq`'s state with every token counted: the prompt's in its own trie, the output's in its scope's."""
         state = seq.proposer_state
         if state is None or state.epoch != seq.epoch:
-            state = seq.proposer_state = TrieState(seq.epoch, self.global_trie.generation)
+            state = seq.proposer_state = TrieState(seq.epoch)
         if len(state.prompt.tokens) < seq.prompt_length:
             state.prompt.sync(seq.tokens[:seq.prompt_length])
-        if state.generation != self.global_trie.generation:  # pruned since: count on from here
-            state.output_frontier, state.generation = [], self.global_trie.generation
+        outputs = self._tries.setdefault(seq.corpus_scope, SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH))
+        if state.outputs is not outputs or state.generation != outputs.generation:  # pruned since: count on from here
+            state.outputs, state.output_frontier, state.generation = outputs, [], outputs.generation
+        before = outputs.num_nodes
         for token in seq.tokens[max(state.num_tokens, seq.prompt_length):]:
-            state.output_frontier = self.global_trie.extend(state.output_frontier, token)
+            state.output_frontier = outputs.extend(state.output_frontier, token)
+        self._scope_nodes += outputs.num_nodes - before
         state.num_tokens = len(seq.tokens)
         return state
 
     def _lookup(self, state: TrieState, tokens: list[int]) -> Node | None:
-        """The node of the last KEY_LENGTH tokens in the prompt's and the global trie together (of the
-        last one where the two never occurred together), if anything ever followed it."""
+        """The node of the last KEY_LENGTH tokens in the prompt's, the warm and the scope's trie together (of
+        the last one where the two never occurred together), if anything ever followed it."""
         for length in range(min(KEY_LENGTH, len(tokens)), 0, -1):
-            found = [node for tree in (state.prompt, self.global_trie)
+            found = [node for tree in (state.prompt, self.warm_trie, state.outputs)
                      if (node := tree.node(tokens[-length:])) is not None]
             if found and (merged := merged_node(found)).children:
                 return merged
         return None
 
     def _trim(self) -> None:
-        """Drop the rarely used branches until the trie is back under TRIM_TO of its bound."""
+        """Drop the scopes' rarely used branches until the tries are back under TRIM_TO of the bound (the warm
+        trie, within WARM_SHARE of it, stays whole); a scope's trie left empty goes."""
         below = 2
-        while self.global_trie.num_nodes > TRIM_TO * self.max_nodes:
-            self.global_trie.prune(below)
+        while self.num_nodes > TRIM_TO * self.max_nodes:
+            for scope, trie in list(self._tries.items()):
+                before = trie.num_nodes
+                trie.prune(below)
+                self._scope_nodes += trie.num_nodes - before
+                if trie.num_nodes == 0:
+                    del self._tries[scope]
             below *= 2
 

@@ -42,8 +42,9 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool = Field(False, description="vLLM's extension: each choice carries its token ids")
     speculative_config: dict[str, Any] | None = Field(
-        None, description="specd's per-request speculation in vLLM's flat keys: method, num_speculative_tokens and "
-                          "the method's own options (e.g. prompt_lookup_max)")
+        None, description="specd's per-request speculation in vLLM's flat keys: method, num_speculative_tokens, "
+                          "corpus_scope (only requests of the same scope draft from each other's outputs) and the "
+                          "method's own options (e.g. prompt_lookup_max)")
 
     @property
     def include_usage(self) -> bool:
@@ -88,7 +89,10 @@ def _speculative(config: dict[str, Any]) -> common_pb2.SpeculativeConfig:
     method = options.pop("method", "")
     if not isinstance(method, str):
         raise InvalidArgument("speculative_config.method", f"must be a string, got {method!r}")
-    pb = common_pb2.SpeculativeConfig(method=method)
+    scope = options.pop("corpus_scope", "")
+    if not isinstance(scope, str):
+        raise InvalidArgument("speculative_config.corpus_scope", f"must be a string, got {scope!r}")
+    pb = common_pb2.SpeculativeConfig(method=method, corpus_scope=scope)
     if "num_speculative_tokens" in options:
         k = options.pop("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool):

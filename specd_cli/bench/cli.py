@@ -179,31 +179,28 @@ async def _spec(args: argparse.Namespace) -> int:
     return _verdict(records, settings.methods, run_dir)
 
 
-def _stacks_shown(args: argparse.Namespace, own_stacks: tuple[str, ...]) -> dict[str, str]:
-    """The report's lines on the started stacks: what the learning drafters started from, and which methods
-    ran on a stack of their own."""
+def _stack_shown(args: argparse.Namespace) -> dict[str, str]:
+    """The report's lines on the stack: what the learning drafters started from (a started one), and that
+    each method learns in a corpus scope of its own."""
     from drafter_svc import warm_corpus
 
-    if args.gateway:
-        return {}
-    corpus = warm_corpus.resolve(args.warm_corpus, args.model)
-    shown = {"warm corpus": f"{corpus.name if corpus else 'none'} (what suffix and trie start from)"}
-    if own_stacks:
-        shown["stacks"] = f"{', '.join(own_stacks)} each on a stack of its own (their drafters learn across requests)"
+    shown = {"scopes": "each method's requests in a corpus scope of their own (what suffix and trie learn)"}
+    if not args.gateway:
+        corpus = warm_corpus.resolve(args.warm_corpus, args.model)
+        shown["warm corpus"] = f"{corpus.name if corpus else 'none'} (what suffix and trie start from)"
     return shown
 
 
 async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
     from specd.model_store import resolve_model
     from specd_cli.bench.deployment import deployment
-    from specd_cli.bench.gateway_requests import connected_all
+    from specd_cli.bench.gateway_requests import connected
     from specd_cli.bench.spec_runner import SpecRunner, SpecSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
                     args.methods, args.draft_layers, args.protocol, args.warm_corpus, args.step_logs) as stack:
         settings = SpecSettings(stack.methods, args.baselines, args.temperatures,
-                                args.seed, args.max_tokens, args.warmup, args.timeout, args.passes,
-                                tuple(stack.own_gateways))
+                                args.seed, args.max_tokens, args.warmup, args.timeout, args.passes)
         baselines = None
         if args.baselines:
             import torch
@@ -211,7 +208,7 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
             from specd_cli.bench.baselines import TransformersBaselines
             baselines = TransformersBaselines(resolve_model(args.model), threads, args.prompt_lookup_num_tokens,
                                               getattr(torch, args.dtype))
-        async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
+        async with connected(args.protocol, stack.gateway) as gateway:
             runner = SpecRunner(gateway, settings, baselines)
             await runner.warm_up()
             return settings, await runner.run(prompts)
@@ -229,7 +226,7 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
     shown = {"model": args.model, "max_tokens": args.max_tokens,
              "prompts": f"{len(prompts)} from {args.prompts.name}{chosen}",
              "warm-up": f"{args.warmup} untimed request(s) per system and temperature, excluded",
-             **_stacks_shown(args, settings.own_stacks)}
+             **_stack_shown(args)}
     text = report.spec_report(summaries, references, report.header_line("spec", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "spec", "created": created, "machine": machine, "git": git,
@@ -306,15 +303,15 @@ async def _serve(args: argparse.Namespace) -> int:
 
 async def _measure_serve(args: argparse.Namespace, prompts, threads: int, run_dir: Path):
     from specd_cli.bench.deployment import deployment
-    from specd_cli.bench.gateway_requests import connected_all
+    from specd_cli.bench.gateway_requests import connected
     from specd_cli.bench.serve_runner import LoadRunner, ServeSettings
 
     with deployment(args.gateway, args.target, args.model, threads, args.dtype, run_dir / "logs",
                     args.methods, args.draft_layers, args.protocol, args.warm_corpus, args.step_logs) as stack:
         settings = ServeSettings(stack.methods, args.concurrency, args.request_rate,
                                  [len(level) for level in prompts], args.max_tokens, args.temperature, args.seed,
-                                 args.warmup, args.timeout, tuple(stack.own_gateways), args.rounds)
-        async with connected_all(args.protocol, stack.gateway, stack.own_gateways) as gateway:
+                                 args.warmup, args.timeout, args.rounds)
+        async with connected(args.protocol, stack.gateway) as gateway:
             runner = LoadRunner(gateway, settings, prompts)
             await runner.warm_up()
             return settings, await runner.run()
@@ -336,7 +333,7 @@ def _write_serve(args: argparse.Namespace, settings, records, threads: int, run_
                          f"{_slashed(settings.concurrencies)} from {source.name}",
              "warm-up": f"{args.warmup} untimed request(s) per method, excluded",
              "rounds": f"up to {args.rounds} per level, methods in turn",
-             **_stacks_shown(args, settings.own_stacks)}
+             **_stack_shown(args)}
     text = report.serve_report(summaries, report.header_line("serve", created, machine, git, shown))
     results.write_json(run_dir / "results.json", {
         "kind": "serve", "created": created, "machine": machine, "git": git,

@@ -1,5 +1,8 @@
 """The stack a benchmark talks to: one already running (--gateway) or one it
-starts on free loopback ports, with the services' logs kept beside the results."""
+starts on free loopback ports, with the services' logs kept beside the results.
+Every method runs on the one target; each method's requests are in a corpus scope of
+their own (gateway_requests.make_request), so the drafters that learn across requests
+draft a method's requests from that method's outputs alone."""
 from __future__ import annotations
 
 import subprocess
@@ -15,12 +18,6 @@ from specd.v1 import target_pb2, target_pb2_grpc
 from specd_cli.bench.errors import BenchError
 from specd_cli.stack import DEFAULT_DRAFTERS, MODEL_DRAFTER_METHODS, Stack, StackPorts, warm_corpus_args
 
-
-# Methods whose drafts depend on earlier requests (suffix decoding's and the trie's trees over past
-# outputs, and the methods that use them): on a stack shared with the other methods they would draft the
-# answer to a prompt from another method's answer to the same prompt (measured: 3-6x the tokens per
-# step), so a bench that starts its own stack gives each of them a stack of its own.
-LEARNING_METHODS = ("suffix", "trie", "fused", "auto")
 METRICS_TIMEOUT_S = 5.0
 
 
@@ -29,7 +26,6 @@ class Deployment:
     gateway: str  # gRPC host:port, or the HTTP API's base URL when the bench speaks HTTP
     target: str | None  # known when started here or given with --target
     methods: list[str]  # the methods to compare, `none` first
-    own_gateways: dict[str, str] = field(default_factory=dict)  # methods on a stack of their own, and its gateway
 
 
 @dataclass
@@ -49,50 +45,32 @@ def deployment(gateway: str | None, target: str | None, model: str, threads: int
                protocol: str = "grpc", warm_corpus: str | None = None, step_logs: bool = False) -> Iterator[Deployment]:
     """Use the given gateway, or start gateway + target + drafters and stop them on exit: every CPU drafter
     and lookahead, and the model drafters among `methods` (in the target's dtype; draft_model on the target's
-    first `draft_layers` layers when given); and the same again for each of LEARNING_METHODS compared, which
-    gets a stack of its own. `protocol`: which of the gateway's APIs the bench speaks; `warm_corpus`: what the
-    learning drafters start from (stack.warm_corpus_args); `step_logs`: each target writes its steps to
-    steps.jsonl beside its log (target_svc.step_log)."""
+    first `draft_layers` layers when given). `protocol`: which of the gateway's APIs the bench speaks;
+    `warm_corpus`: what the learning drafters start from (stack.warm_corpus_args); `step_logs`: the target
+    writes its steps to steps.jsonl beside its log (target_svc.step_log)."""
     if gateway:
         yield Deployment(gateway, target, resolve_methods(methods, target))
         return
     log_dir.mkdir(parents=True, exist_ok=True)
     model_drafters = tuple(m for m in MODEL_DRAFTER_METHODS if m in (methods or ()))
-    stacks: list[Stack] = []
-    # The first target profiles its step cost, the others take its profile: each profiling its own, one
-    # bench run's targets priced a first draft token from 0.7 to 1.3 ms, and the dearest drafted a third
-    # fewer tokens a step, so methods on different stacks were not compared like with like.
-    cost_profile = log_dir / "step_cost_profile.json"
-
-    def started(name: str) -> Stack:
-        """A stack up (one at a time: the first target profiles its step cost as it starts, undisturbed)."""
-        steps = ["--step-log", str(log_dir / name / "steps.jsonl")] if step_logs else []
-        stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads,
-                             extra_target_args=["--dtype", dtype, "--step-cost-profile", str(cost_profile), *steps],
-                             drafters=(*DEFAULT_DRAFTERS, *model_drafters),
-                             model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
-                                                                     if draft_layers else [])],
-                             drafter_args=warm_corpus_args(warm_corpus), log_dir=log_dir / name)
-        stack.log_dir.mkdir(parents=True, exist_ok=True)
-        stacks.append(stack)
+    steps = ["--step-log", str(log_dir / "steps.jsonl")] if step_logs else []
+    profile = ["--step-cost-profile", str(log_dir / "step_cost_profile.json")]  # kept with the run's logs
+    stack = _LoggedStack(model=model, ports=StackPorts.free(), threads=threads,
+                         extra_target_args=["--dtype", dtype, *profile, *steps],
+                         drafters=(*DEFAULT_DRAFTERS, *model_drafters),
+                         model_drafter_args=["--dtype", dtype, *(["--draft-layers", str(draft_layers)]
+                                                                 if draft_layers else [])],
+                         drafter_args=warm_corpus_args(warm_corpus), log_dir=log_dir)
+    try:
         try:
             stack.up()
         except (RuntimeError, TimeoutError) as err:
-            raise BenchError(f"could not start the stack: {err} (service logs in {stack.log_dir})") from err
-        return stack
-
-    def gateway_of(stack: Stack) -> str:
-        return stack.http_url if protocol == "http" else stack.address("gateway")
-
-    try:
-        shared = started("shared")
-        resolved = resolve_methods(methods, shared.address("target"))
-        own = {method: gateway_of(started(method)) for method in resolved if method in LEARNING_METHODS}
-        yield Deployment(gateway_of(shared), shared.address("target"), resolved, own)
+            raise BenchError(f"could not start the stack: {err} (service logs in {log_dir})") from err
+        address = stack.http_url if protocol == "http" else stack.address("gateway")
+        yield Deployment(address, stack.address("target"), resolve_methods(methods, stack.address("target")))
     finally:
-        for stack in stacks:
-            _keep_metrics(stack)
-            stack.down()
+        _keep_metrics(stack)
+        stack.down()
 
 
 def _keep_metrics(stack: _LoggedStack) -> None:

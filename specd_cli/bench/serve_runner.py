@@ -53,7 +53,6 @@ class ServeSettings:
     seed: int
     warmup: int  # requests per method before measuring; excluded
     timeout_s: float
-    own_stacks: tuple[str, ...] = ()  # methods that ran on a stack of their own
     rounds: int = 1  # turns the methods take over each level's prompts
 
 

@@ -36,7 +36,6 @@ class SpecSettings:
     warmup: int  # requests per system and temperature before measuring; excluded from the results
     timeout_s: float
     passes: int = 1
-    own_stacks: tuple[str, ...] = ()  # methods that ran on a stack of their own
 
     @property
     def systems(self) -> list[str]:

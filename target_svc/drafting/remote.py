@@ -164,9 +164,9 @@ class RemoteDrafter:
         start = self._synced.get(seq.request_id, 0)
         update = drafter_pb2.SequenceUpdate(sequence_id=seq.request_id, start_position=start,
                                             appended_token_ids=seq.tokens[start:], max_draft_tokens=k)
-        if start == 0:  # the drafter keeps a sequence's options and prompt length from its first update on
+        if start == 0:  # the drafter keeps a sequence's options, prompt length and scope from its first update on
             update.options.CopyFrom(options_to_pb(seq.speculative.options))
-            update.prompt_length = len(seq.prompt)
+            update.prompt_length, update.corpus_scope = len(seq.prompt), seq.speculative.corpus_scope
         if self._schema is not None and self._schema.wants_features and seq.features is not None:
             update.features.CopyFrom(self._features(seq, start, feature_bytes))
         return update

@@ -15,8 +15,8 @@ from drafter_svc.sequences import SequenceRegistry
 from drafter_svc.servicer import DEFERRED_TOKENS
 from drafter_svc.server import create_service
 from specd.options import options_to_pb
-from specd.limits import (MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES, MAX_PROPOSE_TOKENS,
-                          MAX_RELEASE_SEQUENCES, MAX_SEQUENCE_ID_CHARS)
+from specd.limits import (MAX_CORPUS_SCOPE_CHARS, MAX_DRAFTER_SEQUENCE_TOKENS, MAX_PROPOSE_SEQUENCES,
+                          MAX_PROPOSE_TOKENS, MAX_RELEASE_SEQUENCES, MAX_SEQUENCE_ID_CHARS)
 from specd.types import MAX_SPECULATIVE_TOKENS
 from specd.v1 import drafter_pb2, drafter_pb2_grpc
 
@@ -101,6 +101,23 @@ async def test_a_text_drafter_drafts_from_a_long_first_update_at_once(method):
         defaults = dict(max_draft_tokens=4)  # each method on its own options
         (draft,) = await propose(stub, update("long", 0, LONG_PROMPT, defaults))
     assert list(draft.token_ids)[:3] == [11, 12, 13]
+
+
+@pytest.mark.parametrize("method", ["suffix", "trie"])
+async def test_a_learning_drafter_drafts_from_the_outputs_of_its_first_updates_corpus_scope_only(method):
+    prompt, output = [1, 2, 3], [60, 61, 62, 63, 64]
+
+    def first(sequence_id, tokens, scope, prompt_length=1):
+        return drafter_pb2.SequenceUpdate(sequence_id=sequence_id, appended_token_ids=tokens, max_draft_tokens=4,
+                                          prompt_length=prompt_length, corpus_scope=scope)
+    async with serving(method, {"warm_outputs": []}) as stub:
+        await propose(stub, first("done", [*prompt, *output], "alice", prompt_length=len(prompt)))
+        await stub.Release(drafter_pb2.ReleaseRequest(sequence_ids=["done"]))
+        same, other = await propose(stub, first("same", [9, 60, 61], "alice"), first("other", [9, 60, 61], "bob"))
+        (later,) = await propose(stub, drafter_pb2.SequenceUpdate(  # later updates leave the scope out
+            sequence_id="same", start_position=3, appended_token_ids=[62], max_draft_tokens=4))
+    assert list(same.token_ids)[:2] == [62, 63] and list(later.token_ids)[:2] == [63, 64]
+    assert not other.token_ids
 
 
 async def test_a_model_drafter_takes_a_long_first_update_in_after_its_answer_and_drafts_at_the_next_ask(
@@ -191,6 +208,9 @@ async def test_invalid_entries_are_rejected_naming_the_field(stub, bad_entry, fi
                  id="too-many-sequences"),
     pytest.param(lambda: [update("x" * (MAX_SEQUENCE_ID_CHARS + 1), 0, [1])], "sequences[0].sequence_id",
                  id="long-id"),
+    pytest.param(lambda: [drafter_pb2.SequenceUpdate(sequence_id="x", appended_token_ids=[1],
+                                                     corpus_scope="x" * (MAX_CORPUS_SCOPE_CHARS + 1))],
+                 "sequences[0].corpus_scope", id="long-scope"),
     pytest.param(lambda: [update("x", MAX_DRAFTER_SEQUENCE_TOKENS, [1])], "sequences[0].appended_token_ids",
                  id="sequence-too-long"),
     pytest.param(lambda: [update(str(i), 0, [1] * (MAX_PROPOSE_TOKENS // 2)) for i in range(3)], "sequences",

@@ -30,14 +30,10 @@ MAX_TOKENS = 40
 REPEATING_PROMPT = "Write the word 'apple' twenty times, separated by spaces."
 
 
-def _speculative(method):
-    return common_pb2.SpeculativeConfig(method=method)
-
-
-async def _chat(address, prompt, method, max_tokens=MAX_TOKENS, **sampling):
+async def _chat(address, prompt, method, max_tokens=MAX_TOKENS, corpus_scope="", **sampling):
     request = build_request(messages=[{"role": "user", "content": prompt}],
                             sampling=SamplingParams(max_tokens=max_tokens, **sampling),
-                            speculative=_speculative(method))
+                            speculative=common_pb2.SpeculativeConfig(method=method, corpus_scope=corpus_scope))
     async with SpecdClient(address) as client:
         return await client.complete(request, timeout=300)
 
@@ -72,7 +68,8 @@ async def test_greedy_speculation_equals_none_equals_transformers_generate(stack
 @pytest.mark.parametrize("method, prompt", [
     ("suffix", "Name four planets of the solar system and one fact about each."),  # no repetition of their own
     ("trie", "Name four rivers of Europe and one city on each.")])
-async def test_drafters_that_learn_across_requests_draft_a_later_one_from_the_first_ones_output(stack, method, prompt):
+async def test_drafters_that_learn_across_requests_draft_a_later_one_from_the_first_ones_output_in_its_scope(
+        stack, method, prompt):
     _, first_ids, first = await _chat(stack.address("gateway"), prompt, method)
     # The first output is in the global tree (trie) now: much of a repeat is drafted and accepted from it. How
     # often the target asks the drafter depends on what its drafts gained the stack's earlier requests (its gate),
@@ -89,6 +86,10 @@ async def test_drafters_that_learn_across_requests_draft_a_later_one_from_the_fi
             break
     assert drafted_from_the_first(later)
     assert later.usage.verification_steps < first.usage.verification_steps
+    # A request of another corpus scope has none of those outputs to draft from.
+    _, stranger_ids, stranger = await _chat(stack.address("gateway"), prompt, method, corpus_scope="stranger")
+    assert stranger_ids == first_ids
+    assert stranger.usage.accepted_draft_tokens < later.usage.accepted_draft_tokens
 
 
 async def test_killing_the_drafter_mid_generation_does_not_fail_the_request(stack):
@@ -96,7 +97,8 @@ async def test_killing_the_drafter_mid_generation_does_not_fail_the_request(stac
     prompt = "Repeat after me three times: the quick brown fox jumps over the lazy dog."
     _, expected, _ = await _chat(address, prompt, "none", max_tokens=60)
     request = build_request(messages=[{"role": "user", "content": prompt}],
-                            sampling=SamplingParams(max_tokens=60), speculative=_speculative("ngram"))
+                            sampling=SamplingParams(max_tokens=60),
+                            speculative=common_pb2.SpeculativeConfig(method="ngram"))
     tokens = []
     async with SpecdClient(address) as client:
         async for chunk in client.generate(request, timeout=300):

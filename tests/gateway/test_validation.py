@@ -3,6 +3,7 @@ import pytest
 from drafter_svc.proposers.ngram import NgramProposer
 from gateway.validation import check_prompt_fits, validate_request
 from specd.errors import InvalidArgument
+from specd.limits import MAX_CORPUS_SCOPE_CHARS
 from specd.options import options_to_pb
 from specd.types import MAX_SPECULATIVE_TOKENS, NONE_SCHEMA, SpeculativeConfig
 from specd.v1 import common_pb2, generation_pb2
@@ -77,6 +78,13 @@ def test_the_defaults_options_of_another_method_do_not_leak_into_a_request():
 def test_a_merged_speculative_config_out_of_range_is_refused():
     too_many = common_pb2.SpeculativeConfig(num_speculative_tokens=MAX_SPECULATIVE_TOKENS + 1)
     assert field_of_error(prompt="x", speculative=too_many) == "speculative.num_speculative_tokens"
+
+
+def test_a_corpus_scope_is_kept_and_bounded():
+    scoped = validate(prompt="x", speculative=common_pb2.SpeculativeConfig(corpus_scope="tenant-7"))
+    assert scoped.speculative.corpus_scope == "tenant-7" and scoped.speculative.to_pb().corpus_scope == "tenant-7"
+    too_long = common_pb2.SpeculativeConfig(corpus_scope="x" * (MAX_CORPUS_SCOPE_CHARS + 1))
+    assert field_of_error(prompt="x", speculative=too_long) == "speculative.corpus_scope"
 
 
 def test_at_most_sixteen_stop_strings():

@@ -64,9 +64,9 @@ def test_path_mode_follows_the_likeliest_child_and_unlikely_paths_are_not_drafte
     assert likely.token_ids == (2, 3)  # 4 and 5 are a quarter likely
 
 
-def request(tokens, prompt_length=0, max_tokens=8, **options):
+def request(tokens, prompt_length=0, max_tokens=8, scope="", **options):
     state = SequenceState("s")
-    state.tokens, state.prompt_length = list(tokens), prompt_length
+    state.tokens, state.prompt_length, state.corpus_scope = list(tokens), prompt_length, scope
     state.options = SuffixProposer.schema.resolve(options)
     return DraftRequest(state, max_tokens, state.options)
 
@@ -121,6 +121,31 @@ def test_the_global_tree_keeps_only_the_newest_outputs():
     assert not SuffixProposer(max_cached_requests=0).sizes()["global_tree_nodes"]
 
 
+def test_outputs_draft_only_for_requests_of_their_own_scope():
+    proposer = SuffixProposer()
+    proposer.release(request([1, 10, 11, 12, 13], prompt_length=1, scope="alice").sequence)
+    assert proposer.propose([request([5, 10, 11], scope="alice")])[0].token_ids == (12, 13)
+    assert not proposer.propose([request([5, 10, 11], scope="bob")])[0]
+    assert not proposer.propose([request([5, 10, 11])])[0]  # the common scope is a scope like the others
+    assert proposer.sizes()["corpus_scopes"] == 1
+
+
+def test_the_newest_outputs_of_every_scope_together_are_kept():
+    proposer = SuffixProposer(max_cached_requests=2)
+    for first, scope in ((10, "alice"), (20, "bob"), (30, "bob")):
+        proposer.release(request([first, first + 1, first + 2], scope=scope).sequence)
+    assert not proposer.propose([request([5, 10, 11], scope="alice")])[0]  # the oldest went, its scope with it
+    assert proposer.sizes() | {"corpus_tokens": 0} == {"global_tree_requests": 2, "corpus_scopes": 1,
+                                                        "global_tree_nodes": 12, "corpus_tokens": 0}
+    assert proposer.propose([request([5, 20, 21], scope="bob")])[0].token_ids == (22,)
+
+
+def test_a_warm_corpus_drafts_for_every_scope():
+    proposer = SuffixProposer(warm_outputs=[[10, 11, 12, 13]])
+    for scope in ("", "alice", "bob"):
+        assert proposer.propose([request([1, 10, 11], scope=scope)])[0].token_ids == (12, 13)
+
+
 def test_a_warm_corpus_drafts_as_finished_requests_would_and_what_is_served_does_not_push_it_out():
     proposer = SuffixProposer(max_cached_requests=1, warm_outputs=[[10, 11, 12, 13], [20, 21, 22, 23]])
     assert proposer.sizes()["corpus_tokens"] == 8 and proposer.sizes()["global_tree_requests"] == 0
@@ -148,7 +173,7 @@ def best_of_every_match(proposer: SuffixProposer, tokens: list[int], max_tokens:
     local = TextIndex(TREE_DEPTH)
     local.sync(tokens)
     matches = [*(("own", n, node) for n, node in local.matches(tokens, TREE_DEPTH)),
-               *(("other", n, node) for tree in (proposer.global_tree, proposer.corpus)
+               *(("other", n, node) for tree in (proposer.outputs_tree(""), proposer.corpus)
                  for n, node in tree.matches(tokens, TREE_DEPTH))]
     best, best_match = None, None
     for where, n, node in matches:

@@ -6,9 +6,9 @@ from drafter_svc.proposers.trie import WARM_SHARE, TrieProposer
 from drafter_svc.sequences import SequenceState
 
 
-def request(tokens, prompt_length, name="s", max_tokens=16, **options):
+def request(tokens, prompt_length, name="s", max_tokens=16, scope="", **options):
     state = SequenceState(name)
-    state.tokens, state.prompt_length = list(tokens), prompt_length
+    state.tokens, state.prompt_length, state.corpus_scope = list(tokens), prompt_length, scope
     state.options = TrieProposer.schema.resolve(options)
     return DraftRequest(state, max_tokens, state.options)
 
@@ -42,6 +42,27 @@ def test_a_prompt_counts_for_its_own_request_only_but_outputs_count_for_everyone
     # another request: the first one's output (60 61 -> 62 63) is there, its prompt (50 51 -> 52) is not
     assert proposer.propose([request([9, 60, 61], prompt_length=3, name="b")])[0].token_ids[:2] == (62, 63)
     assert not proposer.propose([request([9, 50, 51], prompt_length=3, name="c")])[0]
+
+
+def test_outputs_count_only_for_requests_of_their_own_scope_and_a_warm_corpus_for_every_scope():
+    proposer = TrieProposer(warm_outputs=[[30, 31, 32, 33]])
+    proposer.propose([request([50, 51, 60, 61, 62, 63], prompt_length=2, name="first", scope="alice")])
+    assert proposer.propose([request([9, 60, 61], 3, name="a", scope="alice")])[0].token_ids[:2] == (62, 63)
+    assert not proposer.propose([request([9, 60, 61], 3, name="b", scope="bob")])[0]
+    assert not proposer.propose([request([9, 60, 61], 3, name="c")])[0]
+    for name, scope in (("d", ""), ("e", "alice"), ("f", "bob")):
+        assert proposer.propose([request([9, 30, 31], 3, name=name, scope=scope)])[0].token_ids[:2] == (32, 33)
+
+
+def test_the_bound_holds_for_every_scope_together_and_a_trim_keeps_the_warm_corpus():
+    common = [5, 6, 7, 8]
+    proposer = TrieProposer(max_nodes=400, warm_outputs=[[40, 41, 42, 43]])
+    for i in range(40):  # outputs in two scopes, each "5 6 7 8" and then something of its own
+        proposer.propose([request([1, 2, *common, 100 + i, 200 + i], prompt_length=2, name=f"r{i}",
+                                  scope=("alice", "bob")[i % 2])])
+    assert proposer.sizes()["trie_nodes"] <= 400
+    assert proposer.propose([request([9, 5, 6], 3, name="late", scope="bob")])[0].token_ids[:2] == (7, 8)
+    assert proposer.propose([request([9, 41, 42], 3, name="warm", scope="alice")])[0].token_ids[:1] == (43,)
 
 
 def test_decoding_length_bounds_the_draft_and_dynamic_algo_shortens_it_after_misses():

@@ -35,6 +35,7 @@ def test_speculative_config_flat_keys_become_method_budget_and_options():
                                            "prompt_lookup_max": 3}).to_request().speculative
     assert speculative.method == "ngram" and speculative.num_speculative_tokens == 4
     assert options_from_pb(speculative.options) == {"prompt_lookup_max": 3}
+    assert chat(speculative_config={"corpus_scope": "tenant-7"}).to_request().speculative.corpus_scope == "tenant-7"
 
 
 def test_text_parts_join_and_the_developer_role_is_system():
@@ -54,7 +55,8 @@ def test_an_image_part_is_refused_naming_its_place():
 @pytest.mark.parametrize("fields, field", [({"n": 3}, "n"), ({"frequency_penalty": 1.0}, "frequency_penalty"),
                                            ({"logit_bias": {"1": 5.0}}, "logit_bias"), ({"seed": -1}, "seed"),
                                            ({"speculative_config": {"num_speculative_tokens": "4"}},
-                                            "speculative_config.num_speculative_tokens")])
+                                            "speculative_config.num_speculative_tokens"),
+                                           ({"speculative_config": {"corpus_scope": 7}}, "speculative_config.corpus_scope")])
 def test_unsupported_or_malformed_fields_are_refused_by_name(fields, field):
     with pytest.raises(InvalidArgument) as error:
         chat(**fields).to_request()

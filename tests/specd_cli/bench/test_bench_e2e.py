@@ -26,10 +26,10 @@ def test_bench_spec_writes_results_and_plot_and_greedy_outputs_match(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "out").iterdir()
     assert (run_dir / "speedup_by_category.png").read_bytes()[:4] == b"\x89PNG"
-    assert json.loads((run_dir / "logs" / "step_cost_profile.json").read_text())["steps"]  # for every stack of the run
-    target_metrics = (run_dir / "logs" / "shared" / "target.metrics.txt").read_text()  # as the run left them
+    assert json.loads((run_dir / "logs" / "step_cost_profile.json").read_text())["steps"]  # the target's, kept
+    target_metrics = (run_dir / "logs" / "target.metrics.txt").read_text()  # as the run left them
     assert 'specd_verification_steps_total{method="ngram"}' in target_metrics
-    steps = [json.loads(line) for line in (run_dir / "logs" / "shared" / "steps.jsonl").read_text().splitlines()]
+    steps = [json.loads(line) for line in (run_dir / "logs" / "steps.jsonl").read_text().splitlines()]
     assert any("ngram" in step["asked"] for step in steps) and sum(step["decodes"] for step in steps) > 0
     results = json.loads((run_dir / "results.json").read_text())
     assert results["settings"]["max_tokens"] == 8 and results["settings"]["methods"] == ["none", "ngram"]

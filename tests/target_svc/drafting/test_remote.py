@@ -81,11 +81,12 @@ async def test_a_release_the_drafter_missed_is_retried_until_it_hears(client, ad
 
 async def test_a_drafter_that_learns_from_outputs_is_sent_a_finished_sequences_tokens_past_its_last_ask(address):
     """Suffix decoding's global tree learns the whole output, not the part the drafter was asked about: the
-    tokens committed since its last update go to it before the release."""
+    tokens committed since its last update go to it before the release; it learns them in the sequence's
+    corpus scope, for the requests of that scope alone."""
     drafter = create_drafter("suffix", address=address, metrics_address=None)
     await drafter.start()
     client = RemoteDrafter("suffix", address, vocab_size=49152, timeout_s=2.0, metrics=TargetMetrics())
-    suffix = SpeculativeConfig("suffix", 4)
+    suffix = SpeculativeConfig("suffix", 4, corpus_scope="alice")
     try:
         await client.start()
         assert client.schema.learns_outputs
@@ -99,7 +100,10 @@ async def test_a_drafter_that_learns_from_outputs_is_sent_a_finished_sequences_t
             draft = (await client.propose([(later, 4)])).get("later")
             return list(draft.token_ids) if draft is not None else []
 
-        assert (await eventually_async(drafted))[:3] == [43, 44, 45]  # from the global tree
+        assert (await eventually_async(drafted))[:3] == [43, 44, 45]  # from the scope's tree
+        stranger = Sequence("stranger", [9, 40, 41, 42], SamplingParams(), SpeculativeConfig("suffix", 4,
+                            corpus_scope="bob"), 16, frozenset())
+        assert not (await client.propose([(stranger, 4)]))["stranger"].token_ids
     finally:
         await client.close()
         await drafter.stop(grace=0)
