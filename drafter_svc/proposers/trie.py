@@ -148,7 +148,9 @@ class TrieProposer:
             state = seq.proposer_state = TrieState(seq.epoch)
         if len(state.prompt.tokens) < seq.prompt_length:
             state.prompt.sync(seq.tokens[:seq.prompt_length])
-        outputs = self._tries.setdefault(seq.corpus_scope, SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH))
+        outputs = self._tries.get(seq.corpus_scope)
+        if outputs is None:
+            outputs = self._tries[seq.corpus_scope] = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
         if state.outputs is not outputs or state.generation != outputs.generation:  # pruned since: count on from here
             state.outputs, state.output_frontier, state.generation = outputs, [], outputs.generation
         before = outputs.num_nodes
