@@ -3,8 +3,8 @@ method): continue the text the way its latest tokens continued before.
 
 Suffix trees count what followed what: one per request over its prompt and output, one per corpus scope
 over the outputs of earlier requests of that scope (SpeculativeConfig.corpus_scope; the newest
-`max_cached_requests` outputs of all scopes), and the warm corpus every scope starts from (`corpus_index`: searched as a tree, kept as a suffix array, so a corpus of
-millions of tokens fits). A tree holds every substring of up to `TREE_DEPTH` tokens, each node counting
+`max_cached_requests` outputs of all scopes), and the warm corpus every scope starts from
+(`corpus_index`: searched as a tree, kept as a suffix array, so a corpus of millions of tokens fits). A tree holds every substring of up to `TREE_DEPTH` tokens, each node counting
 the occurrences through it.
 To propose, the last `match_len` tokens of the sequence are looked up in each tree for every
 `match_len` that occurs; from the node reached, the likeliest continuations are expanded best first

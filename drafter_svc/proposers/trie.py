@@ -5,10 +5,10 @@ Every window of the text, its first token then up to `branch_length` + 1 more, i
 (so the trie is a suffix tree of that depth), each node counting the windows through it. A request's
 prompt is counted for that request alone and dropped when it ends; outputs are counted for every request
 of its scope (SpeculativeConfig.corpus_scope), as they are generated, in the scope's trie; a warm corpus,
-in a trie of its own, counts for every scope. To propose, the last two tokens are looked up (the last one if the two never
-occurred together) in both counts at once, and the most frequent continuations are expanded best
-first: a tree of up to `decoding_length` nodes, at most `branch_length` deep, or a chain of each
-node's most frequent child. With `dynamic_algo` the length follows how much of the sequence's recent
+in a trie of its own, counts for every scope. To propose, the last two tokens are looked up (the last one
+if the two never occurred together) in all the counts at once, and the most frequent continuations are
+expanded best first: a tree of up to `decoding_length` nodes, at most `branch_length` deep, or a chain of
+each node's most frequent child. With `dynamic_algo` the length follows how much of the sequence's recent
 drafts was accepted. Each token's estimate is its share of its siblings' counts; the target's cost
 model has the last word on what is verified. Past `max_nodes` in all the tries, the scopes' rarely used
 branches go.
@@ -28,12 +28,12 @@ from specd.options import Option, OptionSchema
 MAX_BRANCH_LENGTH = 12  # PIA's and MindIE's default branch length, and its most here
 KEY_LENGTH = 2  # tokens looked up: the last two, falling back to the last one
 MAX_TRIE_NODES = 2_000_000  # the tries' bound, all together (~0.3 KB a node in Python)
-# The share of the bound a warm corpus may fill. A trim walks the whole trie (0.9 s of a core at 1M nodes,
-# which slows the target's forward on a small CPU for longer) and keeps only the nodes passed more than
-# once (a quarter of a warm corpus), so it must be rare: filled to four fifths of a bound of 1M, the trie
-# of a `bench serve` run went over it after 205 of its 480 requests (the outputs of 2026-12-02's run,
-# replayed), in the round at 32 clients where `trie` ran at 0.90x `none` (1.05x the round before). With
-# 1.2M nodes free, ~1,000 such requests come before the first trim.
+# The share of the bound a warm corpus may fill; the rest is the outputs'. A trim walks the tries it prunes
+# (0.9 s of a core at 1M nodes, which slows the target's forward on a small CPU for longer), so it must be
+# rare: with the warm corpus at four fifths of a bound of 1M (when it was trimmed too), the trie of a
+# `bench serve` run went over it after 205 of its 480 requests (the outputs of 2026-12-02's run, replayed),
+# in the round at 32 clients where `trie` ran at 0.90x `none` (1.05x the round before). With 1.2M nodes
+# free, ~1,000 such requests come before the first trim.
 WARM_SHARE = 0.4
 TRIM_TO = 0.8  # the share of the bound a trim brings the tries back under
 
