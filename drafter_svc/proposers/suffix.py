@@ -94,7 +94,9 @@ class SuffixProposer:
 
     def _count(self, scope: str, output: list[int], change) -> None:
         """`change` (add or remove) `output` in `scope`'s tree, keeping the node total; an emptied tree goes."""
-        tree = self._trees.setdefault(scope, SuffixTree())
+        tree = self._trees.get(scope)
+        if tree is None:
+            tree = self._trees[scope] = SuffixTree()
         before = tree.num_nodes
         change(tree, output)
         self._nodes += tree.num_nodes - before

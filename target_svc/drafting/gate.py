@@ -96,14 +96,6 @@ class RoundTripLine:
         per_sequence = min(max(0.0, (n_seconds - n * seconds) / spread), seconds / n)
         return seconds - per_sequence * n, per_sequence
 
-    @property
-    def per_sequence(self) -> float:
-        return self.fit()[1]
-
-    @property
-    def fixed(self) -> float:
-        return self.fit()[0]
-
     def seconds(self, sequences: int) -> float:
         fixed, per_sequence = self.fit()
         return fixed + per_sequence * sequences

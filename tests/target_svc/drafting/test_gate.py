@@ -149,8 +149,7 @@ def test_a_round_trip_is_fitted_as_a_fixed_part_and_a_part_per_sequence_asked():
     line = RoundTripLine()
     for sequences in (8, 64, 16, 48, 32) * 6:
         line.observe(sequences, 0.002 + 0.00025 * sequences)
-    assert line.fixed == pytest.approx(0.002)
-    assert line.per_sequence == pytest.approx(0.00025)
+    assert line.fit() == pytest.approx((0.002, 0.00025))  # fixed, per sequence
     assert line.seconds(10) == pytest.approx(0.0045)
 
 
@@ -158,8 +157,7 @@ def test_until_the_counts_asked_vary_a_round_trip_is_shared_evenly_by_the_sequen
     line = RoundTripLine()
     for _ in range(5):
         line.observe(64, 0.016)
-    assert line.per_sequence == pytest.approx(0.00025)
-    assert line.fixed == pytest.approx(0.0)
+    assert line.fit() == pytest.approx((0.0, 0.00025))  # fixed, per sequence
 
 
 def test_a_sequence_gaining_more_than_its_share_of_a_whole_batch_ask_is_asked_for_alone():
