@@ -115,6 +115,15 @@ def cost_model(per_token: float) -> StepCostModel:
     return cost
 
 
+def kneed_cost_model(knee: int, per_token_past: float) -> StepCostModel:
+    """A cost model whose steps cost 10 ms up to `knee` new tokens and `per_token_past` seconds each past it."""
+    cost = StepCostModel()
+    for tokens in (1, 2, 4, 8, 16, 32, 64):
+        cost.observe(StepShape.of([(16, tokens)]), 0.010 + per_token_past * max(0, tokens - knee), profile=True)
+    cost.observe = lambda shape, seconds, profile=False: None
+    return cost
+
+
 def window_tokens(scheduler, outcome: str) -> float:
     return scheduler._metrics.registry.get_sample_value("specd_window_tokens_total", {"outcome": outcome}) or 0.0
 
@@ -150,6 +159,17 @@ async def test_where_its_tokens_cost_what_a_step_does_the_window_never_runs_and_
     async with bf16_scheduler(tiny_model_dir, sources=[LookaheadSource()], cost_model=cost_model(0.010)) as scheduler:
         dear, _ = await generate_all(scheduler, PROMPTS, LOOKAHEAD)
         assert dear == cheap
+        assert window_tokens(scheduler, "ran") == 0
+        assert window_tokens(scheduler, "skipped") > 0
+
+
+async def test_a_window_is_priced_past_the_knee_its_own_tokens_carry_the_step_to(tiny_model_dir):
+    # Below 4 new tokens a step costs the same: priced at the step's size before it, a window of a dozen
+    # tokens on a batch-1 step would look free; its tokens past the fourth cost a step's worth each.
+    cost = kneed_cost_model(knee=4, per_token_past=0.010)
+    assert cost.quiet.knees == (4,)
+    async with bf16_scheduler(tiny_model_dir, sources=[LookaheadSource()], cost_model=cost) as scheduler:
+        await generate_all(scheduler, PROMPTS[:1], LOOKAHEAD)
         assert window_tokens(scheduler, "ran") == 0
         assert window_tokens(scheduler, "skipped") > 0
 
