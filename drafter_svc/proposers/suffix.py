@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 from drafter_svc.proposers.base import DraftRequest
 from drafter_svc.proposers.corpus_index import CorpusIndex
+from drafter_svc.proposers.scoped_trees import ScopedTrees
 from drafter_svc.proposers.suffix_tree import TREE_DEPTH, Speculation, SuffixTree, speculate
 from drafter_svc.proposers.text_index import TextIndex
 from drafter_svc.sequences import SequenceState
@@ -67,9 +68,8 @@ class SuffixProposer:
         if max_cached_requests == 0:  # no outputs kept: whole outputs teach it nothing
             self.schema = dataclasses.replace(SuffixProposer.schema, learns_outputs=False)
         self.max_global_nodes = max_global_nodes
-        self._trees: dict[str, SuffixTree] = {}  # by corpus scope: its finished requests' outputs
+        self._trees = ScopedTrees(SuffixTree)  # by corpus scope: its finished requests' outputs
         self._cached: deque[tuple[str, list[int]]] = deque()  # the outputs in the trees and their scopes, oldest first
-        self._nodes = 0  # in all the trees
         self.corpus = CorpusIndex(list(warm_outputs), TREE_DEPTH)
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
@@ -87,24 +87,15 @@ class SuffixProposer:
         """`output` joins `scope`'s tree; the oldest of any scope go past the bounds."""
         if self.max_cached_requests == 0 or not output:
             return
-        self._count(scope, output, SuffixTree.add)
+        self._trees.change(scope, lambda tree: tree.add(output))
         self._cached.append((scope, output))
-        while self._cached and (len(self._cached) > self.max_cached_requests or self._nodes > self.max_global_nodes):
-            self._count(*self._cached.popleft(), SuffixTree.remove)
-
-    def _count(self, scope: str, output: list[int], change) -> None:
-        """`change` (add or remove) `output` in `scope`'s tree, keeping the node total; an emptied tree goes."""
-        tree = self._trees.get(scope)
-        if tree is None:
-            tree = self._trees[scope] = SuffixTree()
-        before = tree.num_nodes
-        change(tree, output)
-        self._nodes += tree.num_nodes - before
-        if tree.num_nodes == 0:
-            del self._trees[scope]
+        while self._cached and (len(self._cached) > self.max_cached_requests
+                                or self._trees.num_nodes > self.max_global_nodes):
+            oldest_scope, oldest = self._cached.popleft()
+            self._trees.change(oldest_scope, lambda tree: tree.remove(oldest))
 
     def sizes(self) -> dict[str, int]:
-        return {"global_tree_nodes": self._nodes, "global_tree_requests": len(self._cached),
+        return {"global_tree_nodes": self._trees.num_nodes, "global_tree_requests": len(self._cached),
                 "corpus_scopes": len(self._trees), "corpus_tokens": self.corpus.num_tokens}
 
     def _propose_one(self, request: DraftRequest) -> DraftTree:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterable
 
 from drafter_svc.proposers.base import DraftRequest
+from drafter_svc.proposers.scoped_trees import ScopedTrees
 from drafter_svc.proposers.suffix_tree import SuffixNode, SuffixTree, counted, speculate
 from drafter_svc.proposers.text_index import TextIndex, TextNode
 from drafter_svc.sequences import SequenceState
@@ -105,8 +106,7 @@ class TrieProposer:
             if self.warm_trie.num_nodes > WARM_SHARE * self.max_nodes:
                 break
             self.warm_trie.add(output)
-        self._tries: dict[str, SuffixTree] = {}  # by corpus scope: its requests' outputs
-        self._scope_nodes = 0  # in all of them
+        self._tries = ScopedTrees(lambda: SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH))  # by corpus scope: its outputs
 
     def propose(self, batch: list[DraftRequest]) -> list[DraftTree]:
         drafts = [self._propose_one(request) for request in batch]
@@ -119,7 +119,7 @@ class TrieProposer:
 
     @property
     def num_nodes(self) -> int:
-        return self.warm_trie.num_nodes + self._scope_nodes
+        return self.warm_trie.num_nodes + self._tries.num_nodes
 
     def sizes(self) -> dict[str, int]:
         return {"trie_nodes": self.num_nodes, "corpus_scopes": len(self._tries)}
@@ -148,15 +148,14 @@ class TrieProposer:
             state = seq.proposer_state = TrieState(seq.epoch)
         if len(state.prompt.tokens) < seq.prompt_length:
             state.prompt.sync(seq.tokens[:seq.prompt_length])
-        outputs = self._tries.get(seq.corpus_scope)
-        if outputs is None:
-            outputs = self._tries[seq.corpus_scope] = SuffixTree(KEY_LENGTH + MAX_BRANCH_LENGTH)
-        if state.outputs is not outputs or state.generation != outputs.generation:  # pruned since: count on from here
-            state.outputs, state.output_frontier, state.generation = outputs, [], outputs.generation
-        before = outputs.num_nodes
-        for token in seq.tokens[max(state.num_tokens, seq.prompt_length):]:
-            state.output_frontier = outputs.extend(state.output_frontier, token)
-        self._scope_nodes += outputs.num_nodes - before
+
+        def count_on(outputs: SuffixTree) -> None:
+            if state.outputs is not outputs or state.generation != outputs.generation:  # pruned since: count on from here
+                state.outputs, state.output_frontier, state.generation = outputs, [], outputs.generation
+            for token in seq.tokens[max(state.num_tokens, seq.prompt_length):]:
+                state.output_frontier = outputs.extend(state.output_frontier, token)
+
+        self._tries.change(seq.corpus_scope, count_on)
         state.num_tokens = len(seq.tokens)
         return state
 
@@ -175,11 +174,7 @@ class TrieProposer:
         trie, within WARM_SHARE of it, stays whole); a scope's trie left empty goes."""
         below = 2
         while self.num_nodes > TRIM_TO * self.max_nodes:
-            for scope, trie in list(self._tries.items()):
-                before = trie.num_nodes
-                trie.prune(below)
-                self._scope_nodes += trie.num_nodes - before
-                if trie.num_nodes == 0:
-                    del self._tries[scope]
+            for scope in self._tries.scopes():
+                self._tries.change(scope, lambda trie: trie.prune(below))
             below *= 2
 
