@@ -9,7 +9,9 @@ past some count, the first knee, each costs its full arithmetic: on a 2-core EPY
 sequence's step took 9.3 ms for 1 new token, 10.2 ms for 4, 13.6 ms for 8 and then ~0.8 ms a token,
 and past ~128 tokens (the second knee: activations outgrow the caches) ~0.9 ms. A straight line through
 that prices a batch-1 step's first draft tokens at twice their cost and the step itself a sixth under
-it. The knees are the two of KNEES, or one, or none, that fit the start-up profile best.
+it. The knees are the two of KNEES, or one, or none, that fit the start-up profile best. A small step's
+next token is priced at what the profile measured it to add (`small_steps`): the matrix products change
+kernels at some row counts, and no knee fits a jump.
 
 The length a sequence reaches in the step is the K/V its attention reads; each new token attends over
 the tokens up to itself, so a prompt chunk of n tokens after d cached ones brings n·d + n(n+1)/2 pairs:
@@ -77,9 +79,11 @@ class StepShape:
 
 @dataclass(frozen=True)
 class Fit:
-    """One fit of the terms, and the knees they bend at."""
+    """One fit of the terms, and the knees they bend at; and the measured seconds of small steps
+    (`StepCostModel.small_steps`), which price their next token where they reach."""
     knees: Knees
     coefficients: Coefficients
+    small_steps: tuple[float, ...] = ()
 
     def predict(self, shape: StepShape) -> float:
         return sum(c * x for c, x in zip(self.coefficients, features(shape, self.knees)))
@@ -88,8 +92,11 @@ class Fit:
         """What one more new token at `position` (0-based, in its sequence) adds to a step that has
         `step_tokens` new tokens already."""
         c = self.coefficients
-        past = (c.per_token_past_first_knee, c.per_token_past_second_knee)
-        slope = c.per_token + sum(extra for knee, extra in zip(self.knees, past) if step_tokens >= knee)
+        if 0 < step_tokens < len(self.small_steps):
+            slope = self.small_steps[step_tokens] - self.small_steps[step_tokens - 1]
+        else:
+            past = (c.per_token_past_first_knee, c.per_token_past_second_knee)
+            slope = c.per_token + sum(extra for knee, extra in zip(self.knees, past) if step_tokens >= knee)
         return slope + c.per_context + c.per_pair * (position + 1)
 
 
@@ -120,7 +127,12 @@ PROFILE_REPEATS = 3
 # of 3, four profiles of the default model in one quiet process priced the first new token from 0.0 to
 # 0.87 ms (bf16, 2 threads, a 2-core Xeon), and targets of one bench run from 0.1 to 1.3 ms: the stack
 # with the dearest drafted a third fewer tokens a step than the others. The fastest of 9 costs ~0.3 s.
-SMALL_STEP_TOKENS = 8
+# One short sequence's step is timed at every count up to SMALL_STEP_TOKENS (`small_steps`): the matrix
+# products change kernels at some row counts, and a step's cost jumps there. On a 2-core Xeon in fp32,
+# batch-1 steps of Spec-Bench took 27.0-29.1 ms for 1 to 6 new tokens, 33.0 ms for 7 and 35.4 ms for 9:
+# fitted with knees, a draft's 6th token was priced at 1 ms like its 2nd, and drafts of 8 tokens, whose
+# last three were accepted a tenth of the time (trie, lookahead, fused), ran in a third of the steps.
+SMALL_STEP_TOKENS = 16
 SMALL_STEP_REPEATS = 9
 # The larger steps' repeats past the first round, only while a batch shape's rounds have taken less than
 # this: in bf16 on an AVX2-only CPU a new token cost ~11 ms and the whole profile took two to five minutes,
@@ -157,6 +169,9 @@ class StepCostModel:
         self._fixed, self._online = _Moments(), _Moments()  # the profile's (or the prior's), kept; the steps', decayed
         for shape, seconds in _PRIOR:
             self._fixed.add(features(shape, self.knees), seconds, _PRIOR_WEIGHT)
+        # Seconds of one short sequence's step of 1, 2, ... SMALL_STEP_TOKENS new tokens, as profiled
+        # (made non-decreasing): where a step is that small, its next token costs the difference.
+        self.small_steps: tuple[float, ...] = ()
         self._fit = Fit(self.knees, self._solve(self._fixed, self._online))
         self.quiet = self._fit  # the profile's fit alone (the prior's before it): what draft tokens are priced by
 
@@ -201,11 +216,17 @@ class StepCostModel:
             self._profiled.append((shape, seconds))
             self.knees, self._fixed, fitted = self._best_knees()
             self._online = _Moments()  # the profile comes first; steps fitted on other knees would not add up
-            self._fit = self.quiet = Fit(self.knees, fitted)
+            self._fit = self.quiet = Fit(self.knees, fitted, self.small_steps)
             return
         self._online.scale(self._decay)
         self._online.add(features(shape, self.knees), seconds)
-        self._fit = Fit(self.knees, self._solve(self._fixed, self._online))
+        self._fit = Fit(self.knees, self._solve(self._fixed, self._online), self.small_steps)
+
+    def observe_small_steps(self, seconds: list[float]) -> None:
+        """Measured seconds of one short sequence's steps of 1, 2, ... new tokens (`small_steps`)."""
+        self.small_steps = _non_decreasing(seconds)
+        self._fit = Fit(self._fit.knees, self._fit.coefficients, self.small_steps)
+        self.quiet = Fit(self.quiet.knees, self.quiet.coefficients, self.small_steps)
 
     def _best_knees(self) -> tuple[Knees, _Moments, Coefficients]:
         """The knees (and their moments and fit) whose fit to the profile leaves the least squared relative
@@ -240,7 +261,7 @@ class StepCostModel:
         path = Path(path)
         steps = [[shape.tokens, shape.context, shape.pairs, seconds] for shape, seconds in self._profiled]
         partial = path.with_name(f".{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps({"key": key, "steps": steps}))
+        partial.write_text(json.dumps({"key": key, "steps": steps, "small_steps": list(self.small_steps)}))
         partial.replace(path)
 
     def load_profile(self, path: str | Path, key: str) -> bool:
@@ -253,13 +274,16 @@ class StepCostModel:
             return False
         for tokens, context, pairs, seconds in saved["steps"]:
             self.observe(StepShape(int(tokens), int(context), int(pairs)), float(seconds), profile=True)
+        self.observe_small_steps([float(seconds) for seconds in saved.get("small_steps", [])])
         return True
 
     def profile(self, runner: ModelRunner) -> None:
         """A few forwards of throwaway sequences at start: steps of 1 to 64 new tokens on one short
         sequence, eight short ones and eight long ones, sized to the KV cache. Batches of eight measure the
         length term as a batch pays it (one sequence alone uses the threads less well); 1 to 64 new tokens
-        on the same lengths tell the lengths' term from the pairs'. Run on the compute thread."""
+        on the same lengths tell the lengths' term from the pairs'. The short sequence's steps are timed at
+        every count up to SMALL_STEP_TOKENS besides (`small_steps`), the fit taking those of
+        PROFILE_NEW_TOKENS like the others'. Run on the compute thread."""
         allocator = runner.allocator
         for num_seqs, longest in ((1, 16), (8, 32), (8, 256)):
             # Each sequence's prompt plus the most new tokens, a block to spare, must fit the cache.
@@ -268,22 +292,38 @@ class StepCostModel:
             if context < 1:
                 continue
             ids = [f"cost-profile-{i}" for i in range(num_seqs)]
+            counts = sorted({*PROFILE_NEW_TOKENS, *range(1, SMALL_STEP_TOKENS + 1)}) if num_seqs == 1 else PROFILE_NEW_TOKENS
             try:
                 prompts = [SequenceInput(i, [1] * context, 0, 1) for i in ids]
                 runner.forward(prompts)  # not observed: a prompt's attention grows with its square
                 # The sizes in turn, round after round (`_repeat`): a burst of other work disturbs one round,
                 # not every timing of one size.
-                fastest, started = dict.fromkeys(PROFILE_NEW_TOKENS, math.inf), time.perf_counter()
+                fastest, started = dict.fromkeys(counts, math.inf), time.perf_counter()
                 for round_ in range(SMALL_STEP_REPEATS):
-                    for new in PROFILE_NEW_TOKENS:
+                    for new in counts:
                         if _repeat(round_, new * num_seqs, time.perf_counter() - started):
                             steps = [SequenceInput(i, [1] * new, context, new) for i in ids]
                             fastest[new] = min(fastest[new], _timed(runner, steps, ids, context))
-                for new, seconds in fastest.items():
-                    self.observe(StepShape.of([(context, new)] * num_seqs), seconds, profile=True)
+                for new in PROFILE_NEW_TOKENS:
+                    self.observe(StepShape.of([(context, new)] * num_seqs), fastest[new], profile=True)
+                if num_seqs == 1:
+                    self.observe_small_steps([fastest[new] for new in range(1, SMALL_STEP_TOKENS + 1)])
             finally:
                 for i in ids:
                     allocator.free(i)
+
+
+def _non_decreasing(values: list[float]) -> tuple[float, ...]:
+    """The non-decreasing sequence nearest `values` in least squares (pooling adjacent violators): a step
+    of more tokens never costs less, and a noisy timing must not make a token look free or dear."""
+    blocks: list[tuple[float, int]] = []  # (mean, count), means ascending
+    for value in values:
+        mean, count = value, 1
+        while blocks and blocks[-1][0] > mean:
+            previous, before = blocks.pop()
+            mean, count = (previous * before + mean * count) / (before + count), before + count
+        blocks.append((mean, count))
+    return tuple(mean for mean, count in blocks for _ in range(count))
 
 
 def _coefficients(fitted: list[float]) -> Coefficients:

@@ -50,6 +50,27 @@ def test_a_step_whose_first_tokens_ride_nearly_free_is_fitted_with_its_knee():
     assert model.token_seconds(300, step_tokens=16) == pytest.approx(0.001 + 0.0000003 * 301, rel=1e-2)
 
 
+def test_a_small_steps_next_token_is_priced_at_what_the_profile_measured_it_to_add():
+    # A kernel change at 7 rows: steps of 1 to 6 new tokens cost about the same, the 7th adds 4 ms.
+    model = StepCostModel()
+    for new in (1, 2, 4, 8, 16, 32, 64):
+        model.observe(one(16, new), 0.027 + 0.0004 * new + 0.004 * (new >= 7), profile=True)
+    model.observe_small_steps([0.027 + 0.0004 * new + 0.004 * (new >= 7) for new in range(1, 17)])
+    c = model.quiet.coefficients
+    position = c.per_context + c.per_pair * 301  # what a token at position 300 adds besides
+    assert model.quiet.token_seconds(300, step_tokens=2) == pytest.approx(0.0004 + position, rel=1e-6)
+    assert model.quiet.token_seconds(300, step_tokens=6) == pytest.approx(0.0044 + position, rel=1e-6)
+    past = model.quiet.token_seconds(300, step_tokens=16)  # past the measured steps: the fit's slope
+    assert past == pytest.approx(c.per_token + c.per_token_past_first_knee + c.per_token_past_second_knee + position,
+                                 rel=1e-6)
+
+
+def test_a_noisy_small_step_timing_is_pooled_with_its_neighbours_so_no_token_comes_out_free_or_dear():
+    model = StepCostModel()
+    model.observe_small_steps([0.020, 0.023, 0.021, 0.022, 0.024])
+    assert model.small_steps == pytest.approx((0.020, 0.022, 0.022, 0.022, 0.024))
+
+
 def test_a_chunk_deep_in_a_prompt_costs_more_and_fits_fewer_tokens_in_the_same_seconds():
     model = StepCostModel()
     for cached, new in [(0, 1), (0, 64), (4000, 1), (4000, 64), (100, 16), (2000, 32)]:
@@ -107,6 +128,9 @@ def test_the_start_up_profile_measures_the_runner_and_gives_its_memory_back(tiny
     model.profile(runner)
     assert runner.allocator.num_free_blocks == runner.allocator.num_blocks
     assert model.predict(one(0, 64)) > model.predict(one(0, 1)) > 0
+    if kv_cache_tokens > SMALL_STEP_TOKENS + 64:  # room for the short sequence's steps
+        assert len(model.quiet.small_steps) == SMALL_STEP_TOKENS
+        assert list(model.quiet.small_steps) == sorted(model.quiet.small_steps)
 
 
 def _profiled_steps(model_dir) -> Counter:
@@ -123,17 +147,18 @@ def _profiled_steps(model_dir) -> Counter:
 def test_the_profile_times_the_steps_that_price_a_batch_1_draft_more_often_than_the_rest(tiny_model_dir):
     """Their differences are tenths of a millisecond: the fastest of a few timings of them was noise."""
     timed = _profiled_steps(tiny_model_dir)
-    assert timed[1, 1, 16] == timed[1, 8, 16] == timed[8, 1, 32] == SMALL_STEP_REPEATS  # up to 8 new tokens in all
-    assert timed[1, 16, 16] == timed[8, 2, 32] == PROFILE_REPEATS < SMALL_STEP_REPEATS
+    assert all(timed[1, new, 16] == SMALL_STEP_REPEATS for new in range(1, SMALL_STEP_TOKENS + 1))  # every count
+    assert timed[8, 1, 32] == timed[8, 2, 32] == SMALL_STEP_REPEATS  # up to 16 new tokens in all
+    assert timed[1, 32, 16] == timed[8, 4, 32] == PROFILE_REPEATS < SMALL_STEP_REPEATS
 
 
 def test_where_steps_are_slow_the_profile_times_the_larger_ones_once(tiny_model_dir, monkeypatch):
     """So that a target whose tokens cost milliseconds each (bf16 without AVX512) starts in seconds, not minutes."""
     monkeypatch.setattr(cost_model, "REPEAT_WITHIN_SECONDS", 0.0)  # every batch shape's first round overran it
     timed = _profiled_steps(tiny_model_dir)
-    assert timed[1, 1, 16] == timed[1, 8, 16] == timed[8, 1, 32] == SMALL_STEP_REPEATS
+    assert timed[1, 1, 16] == timed[1, 16, 16] == timed[8, 2, 32] == SMALL_STEP_REPEATS
     larger = [count for (seqs, new, _), count in timed.items() if seqs * new > SMALL_STEP_TOKENS]
-    assert len(larger) == 3 + 6 + 6 and set(larger) == {1}  # 16 to 64 new tokens alone; 2 to 64 in batches of 8
+    assert len(larger) == 2 + 5 + 5 and set(larger) == {1}  # 32 and 64 new tokens alone; 4 to 64 in batches of 8
 
 
 def test_a_term_the_data_pushes_below_zero_is_held_at_zero_and_the_others_refitted():
@@ -155,5 +180,12 @@ def test_a_saved_profile_gives_a_target_of_the_same_key_the_same_prices_and_no_o
     same = StepCostModel()
     assert same.load_profile(path, key="model cpu bfloat16 threads=2")
     assert same.coefficients == measured.coefficients and same.knees == measured.knees
+    assert same.small_steps == measured.small_steps == ()
+    measured.observe_small_steps([0.010, 0.0101, 0.0125])
+    measured.save_profile(path, key="model cpu bfloat16 threads=2")
+    assert StepCostModel().load_profile(path, key="model cpu bfloat16 threads=2")
+    again = StepCostModel()
+    again.load_profile(path, key="model cpu bfloat16 threads=2")
+    assert again.small_steps == measured.small_steps and again.quiet.small_steps == measured.small_steps
     assert not StepCostModel().load_profile(path, key="model cpu float32 threads=2")
     assert not StepCostModel().load_profile(tmp_path / "none.json", key="model cpu bfloat16 threads=2")
