@@ -60,11 +60,11 @@ class Drafters:
     @property
     def auto_methods(self) -> list[str]:
         """The drafters `method: auto` chooses among: all but those that draft from the target's features,
-        which must follow a sequence from its first token, and `fused`, whose merged tree matched furthest
-        of all when scored at shadow steps while its asks, waiting on every drafter at once on the target's
-        cores, cost more than its gains counted (chosen for a fifth of the asks: 0.95x `suffix`)."""
-        return [m for m, source in self._sources.items()
-                if not source.schema.wants_features and m != FUSED_METHOD]
+        which must follow a sequence from its first token. `fused` is one of them since small steps are
+        priced as measured (`StepCostModel.small_steps`): its merged trees had been verified up to 8 nodes
+        deep, their last ones rarely accepted, and it was left out (0.95x `suffix` among the choices);
+        priced so, it was the fastest method on Spec-Bench at batch 1 (1.92x `none`, `suffix` 1.85x)."""
+        return [m for m, source in self._sources.items() if not source.schema.wants_features]
 
     def serves(self, seq: Sequence) -> bool:
         """Whether a source here drafts for the sequence's method."""
@@ -122,10 +122,11 @@ class Drafters:
         fused = self._sources.get(FUSED_METHOD)
         for method in (fused.member_methods if fused_group else []):
             asks.setdefault(method, []).extend(fused_group)
-        for seq, k, method in shadows:
-            group = asks.setdefault(method, [])
-            if all(asked is not seq for asked, _ in group):
-                group.append((seq, k))
+        for seq, k, method in shadows:  # a shadow of `fused` is made of its members' drafts: they are asked
+            for asked_method in fused.member_methods if method == FUSED_METHOD else [method]:
+                group = asks.setdefault(asked_method, [])
+                if all(asked is not seq for asked, _ in group):
+                    group.append((seq, k))
         replies = await asyncio.gather(*(self._timed(m, group) for m, group in asks.items()))
         answers, answered = Answers.none(), {}
         for method, reply, seconds in replies:
@@ -143,8 +144,10 @@ class Drafters:
             answers.round_trips[FUSED_METHOD] = max(answers.round_trips[m] for m in fused.member_methods)
             if answers.unanswered.issuperset(fused.member_methods):
                 answers.unanswered.add(FUSED_METHOD)
-        for seq, _, method in shadows:
-            if method in answered:
+        for seq, k, method in shadows:
+            if method == FUSED_METHOD and not answers.unanswered.issuperset(fused.member_methods):
+                answers.shadows[seq.request_id, method] = fused.merged(seq, k, answered)
+            elif method in answered:
                 answers.shadows[seq.request_id, method] = answered[method].get(seq.request_id, DraftTree())
         return answers
 

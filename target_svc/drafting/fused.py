@@ -56,7 +56,7 @@ class FusedSource:
         drafts = {}
         for seq, k in wanted:
             sid = seq.request_id
-            drafted = [(m, reply[sid]) for m, reply in replies.items() if m in self.member_methods and sid in reply]
+            drafted = self._drafted(sid, replies)
             if not drafted:
                 continue
             merged, placements = DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)
@@ -64,6 +64,15 @@ class FusedSource:
             self._placement[sid] = {method: (tree, placement)
                                     for (method, tree), placement in zip(drafted, placements)}
         return drafts
+
+    def merged(self, seq: Sequence, k: int, replies: dict[str, dict[str, DraftTree]]) -> DraftTree:
+        """What `fuse` would draft for the sequence from `replies`, kept apart: nothing learns from it (an
+        `auto` sequence's shadow ask of `fused`, made of its members' asks in the same step)."""
+        drafted = self._drafted(seq.request_id, replies)
+        return DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)[0] if drafted else DraftTree()
+
+    def _drafted(self, sid: str, replies: dict[str, dict[str, DraftTree]]) -> list[tuple[str, DraftTree]]:
+        return [(m, reply[sid]) for m, reply in replies.items() if m in self.member_methods and sid in reply]
 
     def window(self, seq: Sequence) -> Window | None:
         windows = [member.window(seq) for member in self._members if isinstance(member, WindowSource)]

@@ -287,10 +287,22 @@ def test_auto_sequences_whose_best_choices_differ_all_ask_the_drafter_most_of_th
     assert step(batch[2:]) == [("ngram", "best")]  # alone, it asks its own choice
 
 
-def test_fused_is_a_method_of_its_own_but_not_one_auto_chooses():
+def test_fused_is_one_of_the_drafters_auto_chooses_among():
     drafters = Drafters([OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)], vocab_size=64)
     asyncio.run(drafters.start())
-    assert "fused" in drafters.methods and drafters.auto_methods == ["ngram", "suffix"]
+    assert drafters.auto_methods == ["ngram", "suffix", "fused"]
+
+
+async def test_a_shadow_of_fused_is_its_members_drafts_merged_from_the_asks_they_get_anyway():
+    ngram, suffix = OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6)
+    drafters = Drafters([ngram, suffix], vocab_size=64)
+    await drafters.start()
+    seq = sequence("a")
+    seq.speculative = SpeculativeConfig(method="suffix")
+    answers = await drafters.propose([(seq, 2)], shadows=[(seq, 2, "ngram"), (seq, 2, "fused")])
+    assert ngram.asks == suffix.asks == 1
+    assert answers.drafts["a"] == DraftTree.chain([6], [0.5])
+    assert sorted(answers.shadows["a", "fused"].token_ids) == [5, 6]  # two branches: one from each member
 
 
 def test_one_drafter_is_always_the_one_asked():
