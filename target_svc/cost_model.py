@@ -292,7 +292,9 @@ class StepCostModel:
             if context < 1:
                 continue
             ids = [f"cost-profile-{i}" for i in range(num_seqs)]
-            counts = sorted({*PROFILE_NEW_TOKENS, *range(1, SMALL_STEP_TOKENS + 1)}) if num_seqs == 1 else PROFILE_NEW_TOKENS
+            counts = PROFILE_NEW_TOKENS
+            if num_seqs == 1:
+                counts = tuple(sorted({*PROFILE_NEW_TOKENS, *range(1, SMALL_STEP_TOKENS + 1)}))
             try:
                 prompts = [SequenceInput(i, [1] * context, 0, 1) for i in ids]
                 runner.forward(prompts)  # not observed: a prompt's attention grows with its square

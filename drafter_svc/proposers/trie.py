@@ -150,7 +150,8 @@ class TrieProposer:
             state.prompt.sync(seq.tokens[:seq.prompt_length])
 
         def count_on(outputs: SuffixTree) -> None:
-            if state.outputs is not outputs or state.generation != outputs.generation:  # pruned since: count on from here
+            # A trie new to the state, or pruned since: the output's tokens are counted on from here.
+            if state.outputs is not outputs or state.generation != outputs.generation:
                 state.outputs, state.output_frontier, state.generation = outputs, [], outputs.generation
             for token in seq.tokens[max(state.num_tokens, seq.prompt_length):]:
                 state.output_frontier = outputs.extend(state.output_frontier, token)

@@ -1,6 +1,6 @@
 """`method: auto`: the target picks, for each sequence and step, which of the deployment's drafters to
-ask (not `fused`: `Drafters.auto_methods`), by what each has gained so far, less what waiting for its
-answer costs (an explore/exploit rule over its drafts' gain).
+ask (`fused` among them: `Drafters.auto_methods`), by what each has gained so far, less what waiting for
+its answer costs (an explore/exploit rule over its drafts' gain).
 
 A text's best drafter is a property of the text (code repeats its prompt: n-gram; a chat that echoes
 earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter

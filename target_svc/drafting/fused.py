@@ -59,7 +59,7 @@ class FusedSource:
             drafted = self._drafted(sid, replies)
             if not drafted:
                 continue
-            merged, placements = DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)
+            merged, placements = self._merge(drafted, k)
             drafts[sid] = merged
             self._placement[sid] = {method: (tree, placement)
                                     for (method, tree), placement in zip(drafted, placements)}
@@ -69,10 +69,14 @@ class FusedSource:
         """What `fuse` would draft for the sequence from `replies`, kept apart: nothing learns from it (an
         `auto` sequence's shadow ask of `fused`, made of its members' asks in the same step)."""
         drafted = self._drafted(seq.request_id, replies)
-        return DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)[0] if drafted else DraftTree()
+        return self._merge(drafted, k)[0] if drafted else DraftTree()
 
     def _drafted(self, sid: str, replies: dict[str, dict[str, DraftTree]]) -> list[tuple[str, DraftTree]]:
         return [(m, reply[sid]) for m, reply in replies.items() if m in self.member_methods and sid in reply]
+
+    def _merge(self, drafted: list[tuple[str, DraftTree]], k: int) -> tuple[DraftTree, list[dict[int, int]]]:
+        """The members' drafts, each corrected by its own record, merged into one tree of at most k nodes."""
+        return DraftTree.merge([self._calibration.corrected(m, tree) for m, tree in drafted], k)
 
     def window(self, seq: Sequence) -> Window | None:
         windows = [member.window(seq) for member in self._members if isinstance(member, WindowSource)]
