@@ -99,6 +99,12 @@ class Fit:
             slope = c.per_token + sum(extra for knee, extra in zip(self.knees, past) if step_tokens >= knee)
         return slope + c.per_context + c.per_pair * (position + 1)
 
+    def token_prices(self, positions: Iterable[int], step_tokens: int) -> list[float]:
+        """What each new token at `positions`, added in turn to a step that has `step_tokens` new tokens,
+        adds to it: each at the step's size so far, the earlier ones counted (past the knees and the small
+        steps' jumps they carry the step to)."""
+        return [self.token_seconds(position, step_tokens + count) for count, position in enumerate(positions)]
+
 
 def attention_pairs(cached: int, new: int) -> int:
     """Query-key pairs of `new` tokens after `cached` ones: each attends over the tokens up to itself."""

@@ -442,9 +442,8 @@ class Scheduler:
         before it, a window of ~30 tokens on a batch-1 step stood below the profile's first knee (4 tokens)
         whole and cost nothing, and ran in nearly every step of a Spec-Bench run (`lookahead` 1.15x
         `none`, against 1.52x in a run whose profile put the knee lower)."""
-        quiet = self._cost.quiet
-        seconds = sum(quiet.token_seconds(seq.num_computed + depth, step_tokens + count)
-                      for count, depth in enumerate(window.depths()))
+        positions = (seq.num_computed + depth for depth in window.depths())
+        seconds = sum(self._cost.quiet.token_prices(positions, step_tokens))
         return seconds if window.expected_yield > (1 + DRAFT_MARGIN) * seconds * decoded_per_second else None
 
     def _prefill_seconds(self, decoding: list[Scheduled], joining: list[Sequence]) -> float:
@@ -507,12 +506,14 @@ class Scheduler:
                     item.seq.chooser.shadowed(ShadowDraft(method, len(item.seq.tokens), draft.truncated(length),
                                                           (added + window_seconds) * decoded_per_second))
 
-    def _shadow_window_seconds(self, seq: Sequence, method: str, step_tokens: int, decoded_per_second: float) -> float:
+    def _shadow_window_seconds(self, seq: Sequence, method: str, step_tokens: int,
+                               decoded_per_second: float) -> float:
         """What the window of `method`'s drafter would have added to this step had the sequence asked it: 0
         for a drafter without one, or where it would not have paid (and so not run)."""
         window = self._drafters.window(seq, method)
-        paying = self._paying_window_seconds(seq, window, step_tokens, decoded_per_second) if window is not None else None
-        return paying or 0.0
+        if window is None:
+            return 0.0
+        return self._paying_window_seconds(seq, window, step_tokens, decoded_per_second) or 0.0
 
     def _fit_decodes(self, decoding: list[Scheduled]) -> list[Scheduled]:
         """Drafts, then windows, trimmed to the token budget (every decode keeps its one token); where the

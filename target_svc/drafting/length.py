@@ -71,7 +71,7 @@ def choose_drafts(candidates: list[DraftTree], cached: list[int], cost: Fit,
     tokens.sort(key=lambda t: -t[0] / max(cost.token_seconds(t[1], step_tokens + len(tokens)), MIN_SECONDS))
     plain_seconds = cost.predict(plain) + host_seconds
     # Each token in turn adds its price at the step's size so far: the first few ride below the knee.
-    prices = [cost.token_seconds(position, step_tokens + count) for count, (_, position, _, _) in enumerate(tokens)]
+    prices = cost.token_prices((position for _, position, _, _ in tokens), step_tokens)
     expected, seconds = float(len(candidates)), max(plain_seconds, MIN_SECONDS)
     best_count, best_value = 0, expected / seconds
     for count, ((reach, _, _, _), price) in enumerate(zip(tokens, prices), start=1):
