@@ -74,6 +74,13 @@ class DraftTree:
             out.append(1 + (out[parent] if parent != ROOT else 0))
         return out
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Each node's tokens from the root down to it."""
+        out: list[tuple[int, ...]] = []
+        for token, parent in zip(self.token_ids, self.parents):
+            out.append((*(out[parent] if parent != ROOT else ()), token))
+        return out
+
     def with_probs(self, probs: list[float]) -> DraftTree:
         return DraftTree(self.token_ids, self.parents, tuple(probs), self.score)
 
@@ -92,11 +99,9 @@ class DraftTree:
         paths: dict[tuple[int, ...], float] = {}  # path of tokens -> estimate, parents first
         tree_paths: list[list[tuple[int, ...]]] = []
         for tree in trees:
-            mine: list[tuple[int, ...]] = []
-            for token, parent, prob in zip(tree.token_ids, tree.parents, tree.probs):
-                path = (*(mine[parent] if parent != ROOT else ()), token)
+            mine = tree.paths()
+            for path, prob in zip(mine, tree.probs):
                 paths[path] = max(paths.get(path, 0.0), prob)
-                mine.append(path)
             tree_paths.append(mine)
         siblings: dict[tuple[int, ...], float] = {}
         for path, prob in paths.items():

@@ -9,11 +9,15 @@ depth: measured on 13 Spec-Bench prompts (bf16, the drafts of `fused`'s members 
 and 136% at depth 8. So the target compares, per method and depth, the tokens its verified drafts were
 expected to yield there (the sum of their reaches at that depth: `DraftTree.reaches`, siblings exclude
 one another) with how often the accepted path reached that depth, over about RECENT_DRAFTS drafts, and
-scales the method's next reaches at each depth by that ratio.
+scales the method's next reaches at each depth by that ratio. A source that tells its drafts' nodes apart
+(`fused`: a member's nodes another member also proposed, and those it proposed alone) tallies each kind
+under a key of its own (`observe_nodes`, `corrected_nodes`).
 """
 from __future__ import annotations
 
-from specd.drafts import DraftTree
+from collections.abc import Iterable
+
+from specd.drafts import ROOT, DraftTree
 
 RECENT_DRAFTS = 256
 # Pseudo-evidence, worth this many tokens at each depth, that a depth's reaches come true as far as its
@@ -34,13 +38,15 @@ class _DepthTally:
         self.expected = [0.0] * MAX_DEPTH
         self.accepted = [0.0] * MAX_DEPTH
 
-    def add(self, draft: DraftTree, accepted: int) -> None:
+    def add(self, reaches: list[tuple[float, int]], accepted_depths: Iterable[int]) -> None:
+        """One verified draft's (reach, depth) of each node tallied, and the depths its accepted path reached
+        through them."""
         keep = 1.0 - 1.0 / RECENT_DRAFTS
         self.expected = [e * keep for e in self.expected]
         self.accepted = [a * keep for a in self.accepted]
-        for reach, depth in zip(draft.reaches(), draft.depths()):
+        for reach, depth in reaches:
             self.expected[min(depth, MAX_DEPTH) - 1] += reach
-        for depth in range(1, accepted + 1):
+        for depth in accepted_depths:
             self.accepted[min(depth, MAX_DEPTH) - 1] += 1.0
 
     def factors(self) -> list[float]:
@@ -59,7 +65,15 @@ class AcceptanceCalibration:
 
     def observe(self, method: str, draft: DraftTree, accepted: int) -> None:
         """A verified draft, its estimates as the drafter sent them, and how many of its tokens were accepted."""
-        self._tallies.setdefault(method, _DepthTally()).add(draft, accepted)
+        self._tallies.setdefault(method, _DepthTally()).add(list(zip(draft.reaches(), draft.depths())),
+                                                            range(1, accepted + 1))
+
+    def observe_nodes(self, key: str, draft: DraftTree, nodes: list[int], accepted_nodes: list[int]) -> None:
+        """Of a verified draft (its estimates as sent), the `nodes` tallied under `key`, and those of them
+        on the accepted path."""
+        reaches, depths = draft.reaches(), draft.depths()
+        self._tallies.setdefault(key, _DepthTally()).add([(reaches[n], depths[n]) for n in nodes],
+                                                         [depths[n] for n in accepted_nodes])
 
     def factors(self, method: str) -> list[float]:
         """By depth (1 first, MAX_DEPTH last, for every depth from there on): what the method's reaches there
@@ -71,12 +85,17 @@ class AcceptanceCalibration:
         """`draft` with each node's reach scaled by its depth's factor: each token's estimate by its depth's
         factor over its parent's, and siblings' estimates scaled down together where they sum past 1 (at most
         one of them can be accepted; an only child's estimate is at most 1)."""
-        tally = self._tallies.get(method)
-        if tally is None or not draft:
+        if method not in self._tallies or not draft:
             return draft
-        factors = [1.0, *tally.factors()]
-        probs = [prob * factors[min(depth, MAX_DEPTH)] / factors[min(depth - 1, MAX_DEPTH)]
-                 for prob, depth in zip(draft.probs, draft.depths())]
+        return self.corrected_nodes([method] * len(draft), draft)
+
+    def corrected_nodes(self, keys: list[str], draft: DraftTree) -> DraftTree:
+        """As `corrected`, each node's reach scaled by the factor of its own key (`keys[node]`) at its depth."""
+        factors = {key: [1.0, *self.factors(key)] for key in set(keys)}
+        depths = draft.depths()
+        probs = [prob * factors[key][min(depth, MAX_DEPTH)]
+                 / (factors[keys[parent]][min(depth - 1, MAX_DEPTH)] if parent != ROOT else 1.0)
+                 for prob, depth, key, parent in zip(draft.probs, depths, keys, draft.parents)]
         siblings: dict[int, float] = {}
         for prob, parent in zip(probs, draft.parents):
             siblings[parent] = siblings.get(parent, 0.0) + prob

@@ -48,6 +48,11 @@ def paths_of(tree: DraftTree) -> dict[tuple[int, ...], float]:
     return dict(zip(paths, tree.probs))
 
 
+def test_a_nodes_path_is_its_tokens_from_the_root_down_to_it():
+    tree = DraftTree((5, 6, 7, 8), (-1, 0, -1, 1), (0.5, 0.5, 0.5, 0.5))
+    assert tree.paths() == [(5,), (5, 6), (7,), (5, 6, 8)]
+
+
 def test_merged_trees_share_their_common_paths_once_with_the_higher_estimate():
     ngram = DraftTree.chain([1, 2, 3], [0.6, 0.9, 0.9])
     suffix = DraftTree((1, 2, 7, 4), (ROOT, 0, 1, ROOT), (0.3, 0.95, 0.5, 0.2))

@@ -81,3 +81,17 @@ def test_past_the_deepest_tallied_depth_a_drafters_own_estimates_stand():
     reaches = calibration.corrected("ngram", chain(*[0.9] * 24)).reaches()
     assert reaches[:MAX_DEPTH] == pytest.approx([1.0] * MAX_DEPTH, abs=0.05)
     assert reaches[MAX_DEPTH:] == pytest.approx([0.9 ** n for n in range(1, 24 - MAX_DEPTH + 1)], abs=0.05)
+
+
+def test_nodes_tallied_under_keys_of_their_own_are_corrected_each_by_its_keys_record():
+    """`fused` keeps a member's guesses another member shares apart from those it makes alone."""
+    calibration = AcceptanceCalibration()
+    tree = DraftTree((5, 7, 8), (-1, -1, 1), (0.5, 0.5, 1.0))  # 5, or 7 and then 8
+    for _ in range(100):  # 5 accepted each time
+        calibration.observe_nodes("m/shared", tree, nodes=[0], accepted_nodes=[0])
+        calibration.observe_nodes("m/alone", tree, nodes=[1, 2], accepted_nodes=[])
+    assert calibration.factors("m/shared")[0] > 1.5 and calibration.factors("m/alone")[0] < 0.2
+    corrected = calibration.corrected_nodes(["m/shared", "m/alone", "m/alone"], tree)
+    assert corrected.probs[0] > 0.85 and corrected.probs[1] < 0.1
+    # the alone node's child: its reach scaled by its own record at depth 2 (no evidence: drawn to depth 1's)
+    assert corrected.reaches()[2] == pytest.approx(0.5 * calibration.factors("m/alone")[1], rel=1e-6)

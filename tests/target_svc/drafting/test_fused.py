@@ -99,6 +99,30 @@ async def test_a_drafter_whose_estimates_run_high_ranks_below_one_that_keeps_its
     assert (await fused.propose([(seq, 1)]))["s"].token_ids == (6,)
 
 
+class Fixed(Constant):
+    """Always drafts the same tree."""
+
+    def __init__(self, method: str, tree: DraftTree):
+        super().__init__(method, tree.token_ids[0], tree.probs[0])
+        self.tree = tree
+
+    async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
+        return {seq.request_id: self.tree for seq, _ in wanted}
+
+
+async def test_a_members_guesses_no_other_member_shares_are_trusted_as_far_as_they_alone_come_true():
+    """Where drafters agree they are right far more often than where one guesses alone: a member's
+    record for its lone guesses is kept apart from the one for its shared guesses."""
+    guesser = Fixed("guesser", DraftTree((5, 7), (-1, -1), (0.5, 0.4)))  # 5, which the other drafts too, or 7
+    fused, seq = FusedSource([guesser, Constant("other", 5, 0.5)]), sequence("s")
+    for _ in range(64):  # 5 is accepted every time, so 7 never is
+        merged = (await fused.propose([(seq, 2)]))["s"]
+        fused.observe(seq, [], num_verified=2, accepted_nodes=(merged.token_ids.index(5),))
+    merged = (await fused.propose([(seq, 2)]))["s"]
+    estimates = dict(zip(merged.token_ids, merged.probs))
+    assert estimates[5] > 0.8 and estimates[7] < 0.15
+
+
 class OneAskAtATime(Constant):
     """Like a drafter service's stream: a second ask while one is in flight is an error."""
 
