@@ -7,7 +7,8 @@ earlier answers: suffix or trie), so each sequence learns its own choice, starti
 has gained the deployment's sequences when asked at set times (`MethodRecord`): the one expected to gain the
 most (its accepted draft tokens, less what verifying them cost the batch, less the tokens its round trip is
 worth: a drafter service's ~1 ms on a 12 ms step at batch 1, a draft model's several) is asked. What a drafter is expected to gain a sequence is the sequence's own recent asks
-of it, with the record counted as PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean
+of it at shadow steps (below), where every drafter is asked and so compared at the same steps of the text,
+with the record counted as PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean
 of the sequence's asks alone, weighing the newest a quarter, fell below zero within a few empty asks and
 handed the sequence to a drafter that offered nothing (lookahead, whose window does not pay at batch 1 on a
 CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's asks count for up to ~20
@@ -168,8 +169,15 @@ class MethodChooser:
                 / (prior + self._weights.get(method, 0.0)))
 
     def observe(self, method: str, gain: float) -> None:
-        """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft)."""
-        self._count(method, gain, on_the_record=self._why != "best" or bool(self.shadows))
+        """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft). It counts
+        only where the other drafters were asked beside it (a shadow step), or on trial: drafters are compared
+        at the same steps of the text. (Counted at every step, the chosen drafter's estimate followed each
+        dry spell of the text at once while the others' moved at their shadow steps alone, so a sequence
+        left the drafter a dry spell found it on, for another just as dry: on a Spec-Bench reasoning prompt
+        `auto` went from `fused` to `suffix` at such a spell 42 steps in and stayed, and took 115 steps
+        where `fused` alone took 105.)"""
+        if self._why != "best" or self.shadows:
+            self._count(method, gain)
 
     def shadowed(self, shadow: ShadowDraft) -> None:
         """A drafter asked beside the chosen one drafted `shadow` (an empty draft where it had none)."""
@@ -183,11 +191,10 @@ class MethodChooser:
             if gain is None:
                 waiting.append(shadow)
             else:
-                self._count(shadow.method, gain, on_the_record=True)
+                self._count(shadow.method, gain)
         self._pending = waiting
 
-    def _count(self, method: str, gain: float, on_the_record: bool) -> None:
+    def _count(self, method: str, gain: float) -> None:
         self._gains[method] = MEMORY * self._gains.get(method, 0.0) + gain
         self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
-        if on_the_record:
-            self.record.observe(method, gain)
+        self.record.observe(method, gain)

@@ -90,6 +90,20 @@ def test_a_sequence_stays_with_its_drafter_until_another_is_expected_to_gain_cle
     assert chooser.choose() == ("ngram", "best")
 
 
+def test_a_dry_spell_between_shadow_steps_does_not_move_a_sequence_off_its_drafter():
+    """The text dries up for every drafter alike; only at a shadow step are they seen side by side."""
+    record = MethodRecord()
+    for _ in range(64):
+        record.observe("fused", 1.0)
+        record.observe("suffix", 0.9)
+    chooser = MethodChooser(["fused", "suffix"], record)
+    while record.steps % SHADOW_EVERY != 0:
+        record.new_step()
+    for _ in range(SHADOW_EVERY - 1):  # a shadow step's worth of asks that gain nothing
+        assert ask(chooser, {"fused": 0.0, "suffix": 0.0}) == ("fused", "best")
+    assert chooser.choose() == ("fused", "best")
+
+
 def test_a_sequence_leaves_a_drafter_not_worth_its_round_trip_for_one_that_is_however_close_their_worth():
     """The gate does not ask a drafter expected to gain less than its round trip costs: a sequence that
     stayed with it would go draft-free where another drafter pays."""
