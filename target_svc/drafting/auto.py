@@ -6,12 +6,13 @@ A text's best drafter is a property of the text (code repeats its prompt: n-gram
 earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter
 has gained the deployment's sequences when asked at set times (`MethodRecord`): the one expected to gain the
 most (its accepted draft tokens, less what verifying them cost the batch, less the tokens its round trip is
-worth: a drafter service's ~1 ms on a 12 ms step at batch 1, a draft model's several) is asked. What a drafter is expected to gain a sequence is the sequence's own recent asks
-of it at shadow steps (below), where every drafter is asked and so compared at the same steps of the text,
-with the record counted as PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean
-of the sequence's asks alone, weighing the newest a quarter, fell below zero within a few empty asks and
-handed the sequence to a drafter that offered nothing (lookahead, whose window does not pay at batch 1 on a
-CPU: a fifth of the asks of Spec-Bench's sequences went to it). The sequence's asks count for up to ~20
+worth: a drafter service's ~1 ms on a 12 ms step at batch 1, a draft model's several) is asked. What a
+drafter is expected to gain a sequence is the sequence's own recent asks of it at shadow steps (below),
+where every drafter is asked and so compared at the same steps of the text, with the record counted as
+PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean of the sequence's asks alone,
+weighing the newest a quarter, fell below zero within a few empty asks and handed the sequence to a drafter
+that offered nothing (lookahead, whose window does not pay at batch 1 on a CPU: a fifth of the asks of
+Spec-Bench's sequences went to it). The sequence's asks count for up to ~20
 (MEMORY), the record for 8: scored at shadow steps (below), it compares the drafters at the same steps of
 every sequence, and at 2 the sequences' few noisy asks moved them among drafters of about the same worth.
 
