@@ -42,10 +42,7 @@ def test_a_malformed_tree_is_refused_naming_the_field(tree, field):
 
 def paths_of(tree: DraftTree) -> dict[tuple[int, ...], float]:
     """Each node as the path of tokens from the root, with its estimate."""
-    paths: list[tuple[int, ...]] = []
-    for token, parent in zip(tree.token_ids, tree.parents):
-        paths.append((*(paths[parent] if parent != ROOT else ()), token))
-    return dict(zip(paths, tree.probs))
+    return dict(zip(tree.paths(), tree.probs))
 
 
 def test_a_nodes_path_is_its_tokens_from_the_root_down_to_it():
