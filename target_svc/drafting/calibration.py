@@ -37,6 +37,9 @@ class _DepthTally:
     def __init__(self):
         self.expected = [0.0] * MAX_DEPTH
         self.accepted = [0.0] * MAX_DEPTH
+        # The factors as of the latest add: every draft of every step is corrected by them (`fused`: each
+        # member's two records, per sequence), and they change only when a verified draft is tallied.
+        self._factors: list[float] | None = None
 
     def add(self, reaches: list[tuple[float, int]], accepted_depths: Iterable[int]) -> None:
         """One verified draft's (reach, depth) of each node tallied, and the depths its accepted path reached
@@ -48,15 +51,17 @@ class _DepthTally:
             self.expected[min(depth, MAX_DEPTH) - 1] += reach
         for depth in accepted_depths:
             self.accepted[min(depth, MAX_DEPTH) - 1] += 1.0
+        self._factors = None
 
     def factors(self) -> list[float]:
         """By depth (1 first), accepted over expected, drawn to the parent depth's factor (1 above the root)
         by PRIOR_TOKENS."""
-        out, parent = [], 1.0
-        for expected, accepted in zip(self.expected, self.accepted):
-            parent = (accepted + PRIOR_TOKENS * parent) / (expected + PRIOR_TOKENS)
-            out.append(parent)
-        return out
+        if self._factors is None:
+            self._factors, parent = [], 1.0
+            for expected, accepted in zip(self.expected, self.accepted):
+                parent = (accepted + PRIOR_TOKENS * parent) / (expected + PRIOR_TOKENS)
+                self._factors.append(parent)
+        return self._factors
 
 
 class AcceptanceCalibration:
