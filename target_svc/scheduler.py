@@ -357,7 +357,11 @@ class Scheduler:
         beside its choice, to score it without verifying its draft."""
         shadows = []
         for seq, k in itertools.chain.from_iterable(asking.values()):
-            for method in seq.chooser.shadows if seq.chooser is not None else ():
+            if seq.chooser is None:
+                continue
+            if seq.unasked_steps > 0:  # the gate had passed it over: this ask is a probe
+                seq.chooser.compare()
+            for method in seq.chooser.shadows:
                 self._metrics.auto_choices.labels(method, "shadow").inc()
                 shadows.append((seq, k, method))
         return shadows

@@ -140,8 +140,11 @@ class Drafters:
                                    if seq.request_id in reply})
             answered[method] = reply
         if fused_group:
+            # What fusing costs the step: waiting for the slowest member, then merging their drafts.
+            merging = time.perf_counter()
             answers.drafts.update(fused.fuse(fused_group, answered))
-            answers.round_trips[FUSED_METHOD] = max(answers.round_trips[m] for m in fused.member_methods)
+            answers.round_trips[FUSED_METHOD] = (max(answers.round_trips[m] for m in fused.member_methods)
+                                                 + time.perf_counter() - merging)
             if answers.unanswered.issuperset(fused.member_methods):
                 answers.unanswered.add(FUSED_METHOD)
         for seq, k, method in shadows:

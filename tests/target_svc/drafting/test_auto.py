@@ -13,7 +13,7 @@ from target_svc.drafting.auto import SHADOW_EVERY, SWITCH_MARGIN, TRIALS, Method
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
-from tests.target_svc.drafting.test_fused import OneAskAtATime
+from tests.target_svc.drafting.test_fused import Constant, OneAskAtATime
 from tests.target_svc.drafting.test_lookahead import cost_model
 from tests.target_svc.test_scheduler import Oracle, bf16_scheduler, run_to_end, sequence
 
@@ -192,6 +192,26 @@ def test_the_sequences_of_a_batch_ask_the_other_drafters_in_the_same_steps():
     assert shadow_steps == {"early": [8, 16, 24], "late": [8, 16, 24]}
 
 
+def test_an_ask_the_gate_makes_after_passing_the_sequence_over_asks_the_other_drafters_beside_the_choice():
+    """The gate goes by the chooser's estimate, which moves only where the drafters are compared."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("ngram", 1.0)
+        record.observe("suffix", 0.5)
+    chooser = MethodChooser(["ngram", "suffix"], record)
+    record.new_step()
+    assert chooser.choose() == ("ngram", "best") and chooser.shadows == []  # not a shadow step
+    chooser.compare()
+    assert chooser.shadows == ["suffix"]
+
+
+def test_a_drafter_on_trial_is_not_compared_with_the_others():
+    chooser = MethodChooser(["ngram", "suffix"])
+    assert chooser.choose() == ("ngram", "trial")
+    chooser.compare()
+    assert chooser.shadows == []
+
+
 def test_a_sequence_held_by_the_record_on_one_drafter_moves_to_the_one_its_shadow_asks_show_gains_more():
     """The record said n-gram (its trials were lucky); at every shadow step suffix's draft, not verified,
     would have been accepted further: the sequence's choice and the record follow the shadows."""
@@ -278,6 +298,37 @@ async def test_a_lookahead_shadow_is_charged_the_window_an_ask_of_lookahead_woul
         assert await run_to_end(scheduler, seq) == expected
     shadows = [shadow for shadow in seq.chooser.handed if shadow.method == "lookahead"]
     assert shadows and all(not shadow.draft and shadow.price > 0 for shadow in shadows)
+
+
+class InProcess(Constant):
+    """A drafter answering at once: the gate spaces its probes by the round trip."""
+
+    async def start(self) -> None:
+        pass
+
+
+class ShadowStepsKept(MethodChooser):
+    """An `auto` sequence's chooser that keeps the deployment's step at which each shadow draft is handed."""
+
+    def __init__(self, methods: list[str], record: MethodRecord):
+        super().__init__(methods, record)
+        self.shadow_steps: list[int] = []
+
+    def shadowed(self, shadow: ShadowDraft) -> None:
+        self.shadow_steps.append(self.record.steps)
+        super().shadowed(shadow)
+
+
+async def test_a_sequence_the_gate_passes_over_is_compared_at_every_probe_not_only_at_shadow_steps(tiny_model_dir):
+    """Neither drafter's drafts are ever accepted: once the gate has seen enough, it asks only as a probe,
+    and each probe is a step at which the estimates it goes by can move."""
+    async with bf16_scheduler(tiny_model_dir, sources=[InProcess("ngram", 5, 0.5), InProcess("suffix", 6, 0.5)],
+                              cost_model=cost_model(1e-5)) as scheduler:
+        seq = sequence("a", max_tokens=96)
+        seq.speculative = SpeculativeConfig(method="auto", num_speculative_tokens=4)
+        seq.chooser = ShadowStepsKept(scheduler._drafters.auto_methods, scheduler._drafters._auto_record)
+        await run_to_end(scheduler, seq)
+    assert any(step % SHADOW_EVERY for step in seq.chooser.shadow_steps)
 
 
 def test_auto_sequences_whose_best_choices_differ_all_ask_the_drafter_most_of_them_chose():

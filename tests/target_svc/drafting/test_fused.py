@@ -1,6 +1,7 @@
 """`method: fused`: the deployment's drafters asked together, their drafts merged into one tree; greedy
 output never changes, and a path only one drafter knew is accepted all the same."""
 import asyncio
+import time
 
 from specd.drafts import DraftTree
 from specd.options import OptionSchema
@@ -157,6 +158,18 @@ async def test_a_step_with_fused_and_member_sequences_asks_each_member_once():
     assert ngram.asks == suffix.asks == 1
     assert answers.drafts["alone"].token_ids == (5,) and set(answers.drafts["together"].token_ids) == {5, 6}
     assert set(answers.round_trips) == {"ngram", "suffix", "fused"} and not answers.unanswered
+
+
+async def test_fuseds_round_trip_is_its_slowest_members_and_the_merge_after_it(monkeypatch):
+    """What waiting for `fused` costs the step, which `auto` weighs against the members' own round trips."""
+    merge = FusedSource.fuse
+
+    def slow_merge(self, wanted, replies):
+        time.sleep(0.05)
+        return merge(self, wanted, replies)
+    monkeypatch.setattr(FusedSource, "fuse", slow_merge)
+    answers = await ask_alone_and_fused(OneAskAtATime("ngram", 5), OneAskAtATime("suffix", 6))
+    assert answers.round_trips["fused"] >= max(answers.round_trips["ngram"], answers.round_trips["suffix"]) + 0.05
 
 
 class Silent(OneAskAtATime):
