@@ -38,7 +38,8 @@ Once a sequence has chosen, it stays with its drafter until another is expected 
 tokens an ask more: without it, drafters of about the same worth took turns on noise (on 13 Spec-Bench
 prompts `ngram` took a sixth of the "best" asks though `suffix` alone was faster in every category), and
 each turn to the lesser one was paid for in verified asks. A drafter the deployment has no record of yet is
-tried TRIALS times first. The drafters' own gates still decide whether a step asks at all.
+tried TRIALS times first. The drafters' own gates still decide whether a step asks at all, going by the
+chooser's estimate; an ask a gate makes after passing the sequence over compares the drafters too (`compare`).
 
 Scoring by the greedy path is exact for greedy requests; for sampled ones it estimates (a drafted token
 the sampler did not pick could still have been accepted).
