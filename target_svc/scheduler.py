@@ -354,7 +354,8 @@ class Scheduler:
 
     def _shadows(self, asking: dict[str, list[tuple[Sequence, int]]]) -> list[tuple[Sequence, int, str]]:
         """(sequence, draft budget, method) for each drafter an asked `auto` sequence's chooser wants asked
-        beside its choice, to score it without verifying its draft."""
+        beside its choice, to score it without verifying its draft: at a shadow step, and wherever the gate
+        asks for a sequence it had passed over (`MethodChooser.compare`)."""
         shadows = []
         for seq, k in itertools.chain.from_iterable(asking.values()):
             if seq.chooser is None:

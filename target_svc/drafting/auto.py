@@ -133,7 +133,7 @@ class MethodChooser:
         by method, the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
         self.current, self._why = self._choice(round_trip_cost)
         shadow_step = self._why == "best" and self.record.shadow_step
-        self.shadows = [m for m in self._methods if m != self.current] if shadow_step else []
+        self.shadows = self._others() if shadow_step else []
         return self.current, self._why
 
     def compare(self) -> None:
@@ -143,14 +143,18 @@ class MethodChooser:
         had it left unasked (on a Spec-Bench writing prompt, 128 of 182 steps went unasked, 0.87x `fused`
         alone, whose drafts paid there)."""
         if self._why != "trial":
-            self.shadows = [m for m in self._methods if m != self.current]
+            self.shadows = self._others()
 
     def follow(self, method: str) -> None:
         """This step asks `method` for the sequence instead of its "best" choice (the drafter most of the
         batch chose: `Drafters.choose_methods`); what the ask gains counts for `method`."""
         self.current = method
         if self.shadows:
-            self.shadows = [m for m in self._methods if m != method]
+            self.shadows = self._others()
+
+    def _others(self) -> list[str]:
+        """The drafters besides the current choice: those a comparison asks beside it."""
+        return [m for m in self._methods if m != self.current]
 
     def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
         untried = [m for m in self._methods if self.record.asks.get(m, 0) < TRIALS]

@@ -300,13 +300,6 @@ async def test_a_lookahead_shadow_is_charged_the_window_an_ask_of_lookahead_woul
     assert shadows and all(not shadow.draft and shadow.price > 0 for shadow in shadows)
 
 
-class InProcess(Constant):
-    """A drafter answering at once: the gate spaces its probes by the round trip."""
-
-    async def start(self) -> None:
-        pass
-
-
 class ShadowStepsKept(MethodChooser):
     """An `auto` sequence's chooser that keeps the deployment's step at which each shadow draft is handed."""
 
@@ -320,9 +313,10 @@ class ShadowStepsKept(MethodChooser):
 
 
 async def test_a_sequence_the_gate_passes_over_is_compared_at_every_probe_not_only_at_shadow_steps(tiny_model_dir):
-    """Neither drafter's drafts are ever accepted: once the gate has seen enough, it asks only as a probe,
-    and each probe is a step at which the estimates it goes by can move."""
-    async with bf16_scheduler(tiny_model_dir, sources=[InProcess("ngram", 5, 0.5), InProcess("suffix", 6, 0.5)],
+    """Neither drafter's drafts are ever accepted: once the gate has seen enough, it asks only as a probe
+    (spaced by the round trip: these drafters answer at once), and each probe is a step at which the
+    estimates it goes by can move."""
+    async with bf16_scheduler(tiny_model_dir, sources=[Constant("ngram", 5, 0.5), Constant("suffix", 6, 0.5)],
                               cost_model=cost_model(1e-5)) as scheduler:
         seq = sequence("a", max_tokens=96)
         seq.speculative = SpeculativeConfig(method="auto", num_speculative_tokens=4)

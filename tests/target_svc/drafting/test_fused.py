@@ -83,6 +83,9 @@ class Constant:
     def __init__(self, method: str, token: int, prob: float):
         self.method, self.token, self.prob = method, token, prob
 
+    async def start(self) -> None:
+        pass
+
     async def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[str, DraftTree]:
         return {seq.request_id: DraftTree.chain([self.token], [self.prob]) for seq, _ in wanted}
 
@@ -137,9 +140,6 @@ class OneAskAtATime(Constant):
         await asyncio.sleep(0.01)
         self.in_flight = False
         return await super().propose(wanted)
-
-    async def start(self) -> None:
-        pass
 
 
 async def ask_alone_and_fused(*sources):
