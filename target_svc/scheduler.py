@@ -235,6 +235,7 @@ class Scheduler:
         # drafts, windows and round trips are weighed against this, in the tokens it decodes per second.
         plain_seconds = self._cost.predict(StepShape.of((s.num_computed, 1) for s in decodes)) + self._host_seconds
         wanting, asking = self._asking(decodes, plain_seconds)
+        self._compare_at_probes(asking)
         shadows = self._shadows(asking)
         round_trip, answers = 0.0, Answers.none()
         if asking:
@@ -352,16 +353,21 @@ class Scheduler:
             self._metrics.drafting_skipped.inc()
         return bool(wanted), asking
 
+    @staticmethod
+    def _compare_at_probes(asking: dict[str, list[tuple[Sequence, int]]]) -> None:
+        """An asked `auto` sequence the gate had passed over (its ask is a probe) has its chooser compare
+        the drafters this step (`MethodChooser.compare`)."""
+        for seq, _ in itertools.chain.from_iterable(asking.values()):
+            if seq.chooser is not None and seq.unasked_steps > 0:
+                seq.chooser.compare()
+
     def _shadows(self, asking: dict[str, list[tuple[Sequence, int]]]) -> list[tuple[Sequence, int, str]]:
         """(sequence, draft budget, method) for each drafter an asked `auto` sequence's chooser wants asked
-        beside its choice, to score it without verifying its draft: at a shadow step, and wherever the gate
-        asks for a sequence it had passed over (`MethodChooser.compare`)."""
+        beside its choice, to score it without verifying its draft: at a shadow step, and at a probe."""
         shadows = []
         for seq, k in itertools.chain.from_iterable(asking.values()):
             if seq.chooser is None:
                 continue
-            if seq.unasked_steps > 0:  # the gate had passed it over: this ask is a probe
-                seq.chooser.compare()
             for method in seq.chooser.shadows:
                 self._metrics.auto_choices.labels(method, "shadow").inc()
                 shadows.append((seq, k, method))
