@@ -9,7 +9,8 @@ from drafter_svc.server import create_service as create_drafter
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specd.drafts import DraftTree
-from target_svc.drafting.auto import SHADOW_EVERY, SWITCH_MARGIN, TRIALS, MethodChooser, MethodRecord, ShadowDraft
+from target_svc.drafting.auto import (RECORD_ASKS_A_STEP, SHADOW_EVERY, SWITCH_MARGIN, TRIALS, MethodChooser, MethodRecord,
+                                      ShadowDraft)
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
@@ -143,6 +144,28 @@ def test_the_record_is_the_plain_mean_of_a_drafters_first_asks_not_its_first_ask
     for gain in (0.0, 3.0, 3.0):  # tried first where there was nothing to draft from
         record.observe("trie", gain)
     assert record.gain["trie"] == pytest.approx(2.0)
+
+
+def test_one_step_of_a_large_batch_moves_the_record_as_far_as_RECORD_ASKS_A_STEP_asks_not_as_all_of_them():
+    """A shadow step's sequences are scored at the same point of their texts; at 50 of them, counting every
+    one made that single moment most of the record."""
+    def settled_record() -> MethodRecord:
+        record = MethodRecord()
+        for _ in range(200):
+            record.new_step()
+            record.observe("suffix", 1.0)
+        record.new_step()
+        return record
+
+    one_step, few_asks, many_steps = settled_record(), settled_record(), settled_record()
+    for _ in range(64):
+        one_step.observe("suffix", 0.0)
+    for _ in range(RECORD_ASKS_A_STEP):
+        few_asks.observe("suffix", 0.0)
+    for _ in range(64):
+        many_steps.new_step()
+        many_steps.observe("suffix", 0.0)
+    assert many_steps.gain["suffix"] < one_step.gain["suffix"] == few_asks.gain["suffix"] < 1.0
 
 
 def test_the_record_a_new_sequence_starts_from_counts_the_asks_made_at_set_times_not_those_made_for_gains():
