@@ -9,8 +9,8 @@ from drafter_svc.server import create_service as create_drafter
 from specd.types import SpeculativeConfig
 from specd.v1 import common_pb2, target_pb2, target_pb2_grpc
 from specd.drafts import DraftTree
-from target_svc.drafting.auto import (RECORD_ASKS_A_STEP, SHADOW_EVERY, SWITCH_MARGIN, TRIALS, MethodChooser, MethodRecord,
-                                      ShadowDraft)
+from target_svc.drafting.auto import (RECORD_ASKS_A_STEP, SHADOW_EVERY, SWITCH_MARGIN, TRIALS, MethodChooser,
+                                      MethodRecord, ShadowDraft)
 from target_svc.drafting.drafters import Drafters
 from target_svc.drafting.lookahead import LookaheadSource
 from target_svc.server import TargetOptions, TargetService
