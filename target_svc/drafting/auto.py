@@ -37,12 +37,7 @@ their windows, made 46 tokens a second against 71 for those asking `suffix`.
 Once a sequence has chosen, it stays with its drafter until another is expected to gain SWITCH_MARGIN
 tokens an ask more: without it, drafters of about the same worth took turns on noise (on 13 Spec-Bench
 prompts `ngram` took a sixth of the "best" asks though `suffix` alone was faster in every category), and
-each turn to the lesser one was paid for in verified asks. A move to the drafter the record ranks first
-takes no margin: a sequence returns to it as soon as it expects more of it. A sequence's own comparisons
-come one in SHADOW_EVERY steps, too few in one answer to settle a lead smaller than the margin: on a
-Spec-Bench roleplay prompt a sequence that had started on `suffix`, the record's first at that moment,
-stayed there for all of its 92 steps where `fused` alone took 81 (at shadow steps `fused` led by ~0.2
-tokens an ask). A drafter the deployment has no record of yet is
+each turn to the lesser one was paid for in verified asks. A drafter the deployment has no record of yet is
 tried TRIALS times first. The drafters' own gates still decide whether a step asks at all, going by the
 chooser's estimate; an ask a gate makes after passing the sequence over compares the drafters too (`compare`).
 
@@ -65,8 +60,7 @@ TRIALS = 2
 SHADOW_EVERY = 8  # steps between those that ask the other drafters alongside
 PRIOR_ASKS = 8.0  # the asks the deployment's record of a drafter counts as, beside a sequence's own
 MEMORY = 0.95  # the weight a sequence's earlier asks of a drafter keep at each new one: its last ~20 count
-# A sequence leaves its drafter only for one expected to gain this many more tokens an ask (or for the one
-# the record ranks first, expected to gain more at all): estimates of
+# A sequence leaves its drafter only for one expected to gain this many more tokens an ask: estimates of
 # about the same worth cross back and forth on noise, and each move to a drafter that gains less is paid
 # for in verified asks until its estimate falls back.
 SWITCH_MARGIN = 0.15
@@ -183,17 +177,10 @@ class MethodChooser:
         best = max(self._methods, key=lambda m: (worth[m], -self._methods.index(m)))
         # A trial (or no ask yet) is not a choice to stay with; a "best" one, or the batch's drafter it followed, is,
         # while asking it is worth its round trip or no drafter's is (else the gate leaves the sequence unasked).
-        nothing_pays = worth[best] <= 0
-        staying = worth[self.current] > 0 or nothing_pays
-        margin = 0.0 if best == self._record_first(round_trip_cost) and not nothing_pays else SWITCH_MARGIN
-        if self._why != "trial" and staying and worth[best] < worth[self.current] + margin:
+        staying = worth[self.current] > 0 or worth[best] <= 0
+        if self._why != "trial" and staying and worth[best] < worth[self.current] + SWITCH_MARGIN:
             return self.current, "best"
         return best, "best"
-
-    def _record_first(self, round_trip_cost: Mapping[str, float]) -> str:
-        """The drafter the deployment's record expects to gain the most, its round trip paid."""
-        return max(self._methods, key=lambda m: (self.record.gain[m] - round_trip_cost.get(m, 0.0),
-                                                 -self._methods.index(m)))
 
     def expected_gain(self) -> float | None:
         """What an ask of the current choice is expected to gain: what the gate weighs against its round
