@@ -180,6 +180,10 @@ class Scheduler:
         self._step_seconds = 0.0  # seconds of a step's forward and verification, likewise (set by the compute thread)
         self._forward_seconds = 0.0  # the latest step's forward and verification (set by the compute thread)
         self._host_seconds = 0.0  # seconds of a step beyond its forward and round trip, a moving mean likewise
+        # The decodes' tokens per second over what plain decoding would make (a step of their newest tokens
+        # alone, as the cost model prices it), a moving mean likewise: what a second of drafting costs `auto`
+        # in tokens, beside plain decoding's rate (`MethodChooser._worth`).
+        self._speedup = 1.0
         self._step_excess = 0.0  # what the latest step's forward ran over the cost model's prediction (likewise)
         self._overhang = AskOverhang()
         self._gates: dict[str, DraftingGate] = {}  # by method
@@ -257,6 +261,7 @@ class Scheduler:
             verified = [(item, outcome) for item, outcome in zip(plan, outcomes)
                         if item.seq.request_id in method_ids and isinstance(outcome, VerifyResult)]
             gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in verified]
+            prices = [item.draft_price for item, _ in verified]
             overhang = self._overhang.seconds(method)
             self._metrics.ask_overhang.labels(method).set(overhang)
             method_round_trip = answers.round_trips.get(method, round_trip) + overhang
@@ -266,9 +271,9 @@ class Scheduler:
                 self._gate(method).asked(method_round_trip, gains)
             for item, outcome in verified:
                 self._drafters.observe(item.seq, item.guesses, len(item.draft), outcome.path)
-            for seq, gain in gains:
+            for (seq, gain), price in zip(gains, prices):
                 if seq.chooser is not None:
-                    seq.chooser.observe(method, gain)
+                    seq.chooser.observe(method, gain, price)
         realized = 0
         for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):
@@ -283,6 +288,8 @@ class Scheduler:
                 if item.seq.chooser is not None:
                     item.seq.chooser.settle(item.seq.tokens, item.seq.status == SequenceStatus.FINISHED)
         self._metrics.realized_step_tokens.inc(realized)
+        self._observe_speedup(realized, sum(item.is_decode for item in plan), plain_seconds,
+                              time.perf_counter() - step_started)
         # What every step costs besides its forward: planning, committing, streaming the tokens out (on
         # this thread, partly while the forward runs). A plain step takes it too, so it is part of what
         # drafts and round trips are weighed against (left out, at batch 1 it was ~8% of a step).
@@ -293,6 +300,12 @@ class Scheduler:
             self._log_step(time.perf_counter() - step_started, round_trip, asking, plan, chunks, outcomes)
         self._export_cost()
         self._update_gauges()
+
+    def _observe_speedup(self, realized: int, decodes: int, plain_seconds: float, seconds: float) -> None:
+        """A step's decodes made `realized` tokens in `seconds`, where plain decoding would have made one
+        each in `plain_seconds`."""
+        if decodes and seconds > 0:
+            self._speedup = _moved(self._speedup, (realized / seconds) / (decodes / plain_seconds))
 
     def _export_cost(self) -> None:
         """The fitted terms: the online fit's after every step, the profile's when it changes (at start-up)."""
@@ -313,7 +326,7 @@ class Scheduler:
             asked={method: len(group) for method, group in asking.items()},
             draft_tokens=sum(len(item.draft) for item in plan),
             accepted_tokens=sum(outcome.num_accepted for outcome in outcomes if isinstance(outcome, VerifyResult)),
-            running=len(self._running), waiting=len(self._waiting))
+            running=len(self._running), waiting=len(self._waiting), speedup=self._speedup)
 
     def _asking(self, decodes: list[Sequence],
                 plain_seconds: float) -> tuple[bool, dict[str, list[tuple[Sequence, int]]]]:
@@ -327,7 +340,9 @@ class Scheduler:
         round_trip_cost = {method: gate.round_trip / plain_seconds for method, gate in self._gates.items()
                            if gate.round_trip is not None and plain_seconds > 0}
         budgets = [(seq, k) for seq in decodes if self._drafters.serves(seq) and (k := seq.draft_budget()) > 0]
-        choices = self._drafters.choose_methods(_sequences(budgets), round_trip_cost)
+        # A step carrying prompt chunks takes longer whatever is drafted and reads as a speedup under 1:
+        # time is never priced under plain decoding's rate.
+        choices = self._drafters.choose_methods(_sequences(budgets), round_trip_cost, max(1.0, self._speedup))
         for (seq, k), (method, why) in zip(budgets, choices):
             if seq.chooser is not None:
                 self._metrics.auto_choices.labels(method, why).inc()

@@ -6,7 +6,8 @@ the run did not show.)
 Each line: `started` (Unix seconds), `seconds` (the whole step), `forward_seconds` (forward and
 verification), `round_trip_seconds` (waiting for the drafters), `decodes`, `prefill_tokens`,
 `prefill_sequences`, `asked` (sequences asked, by method), `draft_tokens` (verified), `accepted_tokens`,
-`running` and `waiting` (sequences, after the step).
+`running` and `waiting` (sequences, after the step), and `speedup` (the decodes' tokens per second over
+plain decoding's, a moving mean: what `auto` prices drafting time at).
 """
 from __future__ import annotations
 

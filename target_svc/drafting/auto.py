@@ -81,6 +81,7 @@ class MethodRecord:
 
     def __init__(self):
         self.gain: dict[str, float] = {}
+        self.price: dict[str, float] = {}  # of which, what verifying its drafts cost the batch (decode tokens)
         self.asks: dict[str, int] = {}
         self.steps = 0  # the deployment's steps so far: every SHADOW_EVERY-th is a shadow step
         self._counted: dict[str, int] = {}  # asks of each drafter counted this step
@@ -94,8 +95,8 @@ class MethodRecord:
         """Whether this step asks the other drafters beside each sequence's choice."""
         return self.steps % SHADOW_EVERY == 0
 
-    def observe(self, method: str, gain: float) -> None:
-        """Warmed (`means.warmed`): moving from its first ask alone, the record kept a drafter's one try on
+    def observe(self, method: str, gain: float, price: float = 0.0) -> None:
+        """An ask of `method` gained `gain` tokens net of `price`, what verifying its draft cost. Warmed (`means.warmed`): moving from its first ask alone, the record kept a drafter's one try on
         the deployment's first sequence, whose caches were empty, for dozens of asks. Past RECORD_ASKS_A_STEP
         asks of the drafter in this step, an ask is not counted: counted all, on a fresh stack at 64 clients
         (fp32, 2-core Xeon) each shadow step remade the record from ~50 sequences that had just started, and
@@ -106,6 +107,7 @@ class MethodRecord:
             return
         asks = self.asks[method] = self.asks.get(method, 0) + 1
         self.gain[method] = warmed(self.gain.get(method), gain, asks, RECORD_SMOOTHING)
+        self.price[method] = warmed(self.price.get(method), price, asks, RECORD_SMOOTHING)
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,8 @@ class ShadowDraft:
     price: float
 
     def gain(self, tokens: list[int], finished: bool) -> float | None:
-        """What it would have gained, once the sequence's `tokens` are known as deep as the draft reaches
-        (or the sequence finished); None before."""
+        """What it would have gained, net of its price, once the sequence's `tokens` are known as deep as the
+        draft reaches (or the sequence finished); None before."""
         followed = tokens[self.anchor:]
         if not finished and len(followed) < max(self.draft.depths(), default=0):
             return None
@@ -133,18 +135,22 @@ class MethodChooser:
     def __init__(self, methods: list[str], record: MethodRecord | None = None):
         self._methods = list(methods)
         self.record = record if record is not None else MethodRecord()  # the deployment's, shared
-        # Per method this sequence asked: its gains and its asks, the earlier ones weighing MEMORY less at each ask.
+        # Per method this sequence asked: its gains, their prices and its asks, the earlier ones weighing MEMORY
+        # less at each ask.
         self._gains: dict[str, float] = {}
+        self._prices: dict[str, float] = {}
         self._weights: dict[str, float] = {}
         self._pending: list[ShadowDraft] = []
         self.current = self._methods[0]  # the latest choice
         self._why = "trial"  # and why it was made
         self.shadows: list[str] = []  # the drafters to ask beside it, their drafts to be scored, not verified
 
-    def choose(self, round_trip_cost: Mapping[str, float] = MappingProxyType({})) -> tuple[str, str]:
+    def choose(self, round_trip_cost: Mapping[str, float] = MappingProxyType({}),
+               speedup: float = 1.0) -> tuple[str, str]:
         """The method to ask this step, and why: "trial" or "best" (with `shadows` set). `round_trip_cost`:
-        by method, the tokens an ask's round trip is worth to one sequence (the share of a step the batch waits)."""
-        self.current, self._why = self._choice(round_trip_cost)
+        by method, the tokens an ask's round trip is worth to one sequence (the share of a plain decoding step
+        the batch waits); `speedup`: the deployment's tokens per second over plain decoding's (`_worth`)."""
+        self.current, self._why = self._choice(round_trip_cost, speedup)
         shadow_step = self._why == "best" and self.record.shadow_step
         self.shadows = self._others() if shadow_step else []
         return self.current, self._why
@@ -169,11 +175,11 @@ class MethodChooser:
         """The drafters besides the current choice: those a comparison asks beside it."""
         return [m for m in self._methods if m != self.current]
 
-    def _choice(self, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
+    def _choice(self, round_trip_cost: Mapping[str, float], speedup: float) -> tuple[str, str]:
         untried = [m for m in self._methods if self.record.asks.get(m, 0) < TRIALS]
         if untried:
             return min(untried, key=lambda m: (self.record.asks.get(m, 0), self._methods.index(m))), "trial"
-        worth = {m: self._expected(m) - round_trip_cost.get(m, 0.0) for m in self._methods}
+        worth = {m: self._worth(m, round_trip_cost.get(m, 0.0), speedup) for m in self._methods}
         best = max(self._methods, key=lambda m: (worth[m], -self._methods.index(m)))
         # A trial (or no ask yet) is not a choice to stay with; a "best" one, or the batch's drafter it followed, is,
         # while asking it is worth its round trip or no drafter's is (else the gate leaves the sequence unasked).
@@ -187,17 +193,33 @@ class MethodChooser:
         trip, so that the two judge a drafter alike (None while it is on trial)."""
         return None if self._why == "trial" else self._expected(self.current)
 
-    def _expected(self, method: str) -> float:
-        """What an ask of `method` is expected to gain: the sequence's recent asks of it and the deployment's
-        record, which counts as the asks it holds, up to PRIOR_ASKS (a drafter the record has few asks of
-        stands on them: lifted by a lucky trial and counted as 8, the record kept sequences on `lookahead`
-        for a sixth of their asks)."""
-        prior = min(PRIOR_ASKS, self.record.asks[method])
-        return ((prior * self.record.gain[method] + self._gains.get(method, 0.0))
-                / (prior + self._weights.get(method, 0.0)))
+    def _worth(self, method: str, round_trip_cost: float, speedup: float) -> float:
+        """What asking `method` rather than no drafter is worth, in tokens, where time buys `speedup` times the
+        tokens plain decoding makes of it. Gains and round trips are priced in plain decoding's tokens, which is
+        right for whether to ask at all (the gate's question: the alternative is a plain step). Between two
+        drafters that both ask, the time one costs more is worth what the deployment makes of time now:
+        priced at plain decoding's rate, at batch 1 (~2x `none`) a drafter whose larger drafts gained a
+        tenth of a token more an ask looked the better though its steps were ~8% longer (`fused` beside
+        `suffix` on Spec-Bench's writing prompts)."""
+        surcharge = speedup - 1.0
+        return (self._expected(method) - surcharge * self._estimate(method, self.record.price, self._prices)
+                - speedup * round_trip_cost)
 
-    def observe(self, method: str, gain: float) -> None:
-        """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft). It counts
+    def _expected(self, method: str) -> float:
+        """What an ask of `method` is expected to gain (`_estimate`)."""
+        return self._estimate(method, self.record.gain, self._gains)
+
+    def _estimate(self, method: str, record: Mapping[str, float], own: Mapping[str, float]) -> float:
+        """The sequence's recent asks of `method` (`own`: their weighted sum) and the deployment's `record`,
+        which counts as the asks it holds, up to PRIOR_ASKS (a drafter the record has few asks of stands on
+        them: lifted by a lucky trial and counted as 8, the record kept sequences on `lookahead` for a sixth
+        of their asks)."""
+        prior = min(PRIOR_ASKS, self.record.asks[method])
+        return (prior * record[method] + own.get(method, 0.0)) / (prior + self._weights.get(method, 0.0))
+
+    def observe(self, method: str, gain: float, price: float = 0.0) -> None:
+        """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft), net of
+        `price`, the decode tokens verifying its draft cost. It counts
         only where the other drafters were asked beside it (a shadow step), or on trial: drafters are compared
         at the same steps of the text. (Counted at every step, the chosen drafter's estimate followed each
         dry spell of the text at once while the others' moved at their shadow steps alone, so a sequence
@@ -205,7 +227,7 @@ class MethodChooser:
         `auto` went from `fused` to `suffix` at such a spell 42 steps in and stayed, and took 115 steps
         where `fused` alone took 105.)"""
         if self._why != "best" or self.shadows:
-            self._count(method, gain)
+            self._count(method, gain, price)
 
     def shadowed(self, shadow: ShadowDraft) -> None:
         """A drafter asked beside the chosen one drafted `shadow` (an empty draft where it had none)."""
@@ -219,10 +241,11 @@ class MethodChooser:
             if gain is None:
                 waiting.append(shadow)
             else:
-                self._count(shadow.method, gain)
+                self._count(shadow.method, gain, shadow.price)
         self._pending = waiting
 
-    def _count(self, method: str, gain: float) -> None:
+    def _count(self, method: str, gain: float, price: float) -> None:
         self._gains[method] = MEMORY * self._gains.get(method, 0.0) + gain
+        self._prices[method] = MEMORY * self._prices.get(method, 0.0) + price
         self._weights[method] = MEMORY * self._weights.get(method, 0.0) + 1.0
-        self.record.observe(method, gain)
+        self.record.observe(method, gain, price)

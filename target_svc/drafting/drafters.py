@@ -75,7 +75,8 @@ class Drafters:
         """A step is about to ask: `auto`'s shadow steps are counted in these."""
         self._auto_record.new_step()
 
-    def choose_methods(self, wanting: list[Sequence], round_trip_cost: Mapping[str, float]) -> list[tuple[str, str]]:
+    def choose_methods(self, wanting: list[Sequence], round_trip_cost: Mapping[str, float],
+                       speedup: float = 1.0) -> list[tuple[str, str]]:
         """For each sequence, the drafter to ask this step and why: "method" (its own method's), or under `auto`
         "trial", "best" (its chooser's), or "batch": where the `auto` sequences' best choices differ, every
         one of them asks the drafter most of them chose. Each drafter a step asks costs the batch its
@@ -83,8 +84,8 @@ class Drafters:
         once every step asks (measured at 16 clients on a 2-core Xeon, fp32: `auto` sequences spread over
         four drafters ran forwards of the same tokens 15-20% slower than `suffix` alone did, and `auto` was
         0.92x `none` against `suffix`'s 1.27x). `round_trip_cost`: by method, the tokens an ask's round trip
-        is worth to one sequence."""
-        choices = [self._choose_method(seq, round_trip_cost) for seq in wanting]
+        is worth to one sequence; `speedup`: the deployment's tokens per second over plain decoding's."""
+        choices = [self._choose_method(seq, round_trip_cost, speedup) for seq in wanting]
         best = Counter(method for method, why in choices if why == "best")
         if len(best) > 1:
             order = self.auto_methods  # ties go to the drafter listed first
@@ -95,12 +96,12 @@ class Drafters:
                     choices[index] = (batch_method, "batch")
         return choices
 
-    def _choose_method(self, seq: Sequence, round_trip_cost: Mapping[str, float]) -> tuple[str, str]:
+    def _choose_method(self, seq: Sequence, round_trip_cost: Mapping[str, float], speedup: float) -> tuple[str, str]:
         if seq.speculative.method != AUTO_METHOD:
             return seq.speculative.method, "method"
         if seq.chooser is None:
             seq.chooser = MethodChooser(self.auto_methods, self._auto_record)
-        return seq.chooser.choose(round_trip_cost)
+        return seq.chooser.choose(round_trip_cost, speedup)
 
     def feature_layers(self, seq: Sequence) -> tuple[int, ...] | None:
         """The target features the sequence's drafter drafts from (the layers whose input it takes, () for

@@ -53,6 +53,24 @@ def test_a_drafter_that_gains_a_little_more_but_keeps_the_batch_waiting_longer_i
     assert past_the_trials(gains).choose({"suffix": 1.0 / 12, "draft_model": 2.5 / 12}) == ("suffix", "best")
 
 
+def test_where_drafting_speeds_decoding_up_the_time_a_dearer_draft_costs_is_priced_at_that_speed():
+    """Net of their price in plain decoding's tokens, `fused` gains 0.95 an ask and `suffix` 0.85; but
+    `fused`'s larger drafts cost 0.35 tokens' time to verify, `suffix`'s 0.1. Where the deployment makes
+    twice plain decoding's tokens a second, that time is worth twice as many."""
+    record = MethodRecord()
+    for _ in range(TRIALS):
+        record.observe("fused", 0.95, price=0.35)
+        record.observe("suffix", 0.85, price=0.1)
+    assert MethodChooser(["fused", "suffix"], record).choose(speedup=1.0) == ("fused", "best")
+    # past plain decoding's price: fused 0.95 - 0.35 = 0.6, suffix 0.85 - 0.1 = 0.75
+    assert MethodChooser(["fused", "suffix"], record).choose(speedup=2.0) == ("suffix", "best")
+    # So is the round trip: here their drafts cost the same, and fused's round trip 0.05 tokens more
+    record.price["suffix"], record.gain["suffix"] = record.price["fused"], 0.88
+    round_trip_cost = {"fused": 0.1, "suffix": 0.05}
+    assert MethodChooser(["fused", "suffix"], record).choose(round_trip_cost, speedup=1.0) == ("fused", "best")
+    assert MethodChooser(["fused", "suffix"], record).choose(round_trip_cost, speedup=2.0) == ("suffix", "best")
+
+
 def test_a_new_sequence_starts_from_what_each_drafter_gained_the_deployments_earlier_ones_without_trials():
     record = MethodRecord()
     first = MethodChooser(["ngram", "suffix", "draft_model"], record)
