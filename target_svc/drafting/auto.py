@@ -6,7 +6,8 @@ A text's best drafter is a property of the text (code repeats its prompt: n-gram
 earlier answers: suffix or trie), so each sequence learns its own choice, starting from what each drafter
 has gained the deployment's sequences when asked at set times (`MethodRecord`): the one expected to gain the
 most (its accepted draft tokens, less what verifying them cost the batch, less the tokens its round trip is
-worth: a drafter service's ~1 ms on a 12 ms step at batch 1, a draft model's several) is asked. What a
+worth: a drafter service's ~1 ms on a 12 ms step at batch 1, a draft model's several; the time priced at
+the tokens the deployment makes of it, `_worth`) is asked. What a
 drafter is expected to gain a sequence is the sequence's own recent asks of it at shadow steps (below),
 where every drafter is asked and so compared at the same steps of the text, with the record counted as
 PRIOR_ASKS more (`_expected`): gains come in runs, and a plain moving mean of the sequence's asks alone,
