@@ -216,9 +216,11 @@ async def _measure_spec(args: argparse.Namespace, prompts, threads: int, run_dir
 
 def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: int, run_dir: Path) -> None:
     from specd_cli.bench import plots, report, results, stats
+    from specd_cli.bench.beside_best import beside_best
 
     references = ["none", *settings.baselines]
     summaries = stats.summarize_spec(records, settings.reported_systems, references)
+    beside = beside_best(records, settings.methods)
     created = datetime.datetime.now().isoformat(timespec="seconds")
     machine, git = results.machine_info(threads), results.git_info()
     chosen = (f" in {','.join(args.categories)}" if args.categories else "") + \
@@ -227,14 +229,16 @@ def _write_spec(args: argparse.Namespace, settings, prompts, records, threads: i
              "prompts": f"{len(prompts)} from {args.prompts.name}{chosen}",
              "warm-up": f"{args.warmup} untimed request(s) per system and temperature, excluded",
              **_stack_shown(args)}
-    text = report.spec_report(summaries, references, report.header_line("spec", created, machine, git, shown))
+    text = report.spec_report(summaries, references, report.header_line("spec", created, machine, git, shown),
+                              beside)
     results.write_json(run_dir / "results.json", {
         "kind": "spec", "created": created, "machine": machine, "git": git,
         "settings": {**asdict(settings), "model": args.model, "dtype": args.dtype, "threads": threads, "prompts_file": str(args.prompts),
                      "categories": args.categories, "limit_per_category": args.limit,
                      "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens,
                      "gateway": args.gateway or "started by the bench"},
-        "definitions": stats.__doc__, "summaries": summaries, "records": [r.to_json() for r in records]})
+        "definitions": stats.__doc__, "summaries": summaries, "beside_best": beside,
+        "records": [r.to_json() for r in records]})
     (run_dir / "report.md").write_text(text + "\n")
     plots.plot_speedup_by_category(summaries, run_dir / "speedup_by_category.png")
     print(text)

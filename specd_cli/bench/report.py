@@ -1,6 +1,9 @@
 """Markdown tables for the README and the terminal."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from specd_cli.bench.beside_best import BesideBest
 from specd_cli.bench.records import BASELINE_SYSTEMS
 from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 
@@ -55,14 +58,33 @@ def spec_table(summaries: list[SpecSummary], references: list[str], by_category:
     return markdown_table(header, rows)
 
 
-def spec_report(summaries: list[SpecSummary], references: list[str], header_line: str) -> str:
+BESIDE_BEST_DEFINITIONS = (
+    "`auto` / fastest single: `auto`'s tok/s over the fastest other specd method's (`none` aside) on the "
+    "prompts all of them answered; 95% interval: of that ratio over 1,000 resamples of those prompts with "
+    "replacement, each resample picking its own fastest method (`specd_cli/bench/beside_best.py`).")
+
+
+def beside_best_table(rows: Sequence[BesideBest]) -> str:
+    """`auto` beside the fastest single method: OVERALL first, then every category."""
+    ordered = sorted(rows, key=lambda row: row.category != OVERALL)
+    return markdown_table(["category", "fastest single", "`auto` / fastest single", "95% interval"],
+                          [[row.category, label(row.fastest), fmt(row.ratio, 3, "×"),
+                            f"{row.interval[0]:.3f}-{row.interval[1]:.3f}"] for row in ordered])
+
+
+def spec_report(summaries: list[SpecSummary], references: list[str], header_line: str,
+                beside: Sequence[BesideBest] = ()) -> str:
     parts = [header_line, ""]
     for temperature in sorted({s.temperature for s in summaries}):
         rows = [s for s in summaries if s.temperature == temperature]
         mode = "greedy" if temperature == 0 else f"sampled, temperature {temperature:g}"
         parts += [f"**Overall, {mode}**", "", spec_table(rows, references, by_category=False), "",
                   f"**By category, {mode}**", "", spec_table(rows, references, by_category=True), ""]
+        if compared := [row for row in beside if row.temperature == temperature]:
+            parts += [f"**`auto` beside the fastest single method, {mode}**", "", beside_best_table(compared), ""]
     parts.append(DEFINITIONS)
+    if beside:
+        parts.append(BESIDE_BEST_DEFINITIONS)
     return "\n".join(parts)
 
 

@@ -1,3 +1,4 @@
+from specd_cli.bench.beside_best import BesideBest
 from specd_cli.bench.report import fmt, header_line, label, markdown_table, ms, serve_report, spec_report
 from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 
@@ -33,6 +34,18 @@ def test_spec_report_has_an_overall_and_a_by_category_table_per_temperature():
     assert overall_row == "| specd ngram | 2 | 20.0 | 1.25× | — | 1.50 | 0.25 | 300 | 50 | 80 | 2/2 |"
     assert "| writing | specd ngram |" in text and "| overall |" not in text
     assert "prefill excluded" in text
+
+
+def test_spec_report_shows_auto_beside_the_fastest_single_method_overall_first_under_its_temperature():
+    beside = [BesideBest("writing", 0.0, "suffix", 0.966, (0.881, 1.039)),
+              BesideBest(OVERALL, 0.0, "fused", 1.018, (1.004, 1.032))]
+    lines = spec_report([summary("auto"), summary("auto", temperature=1.0)], ["none"], "H", beside).splitlines()
+    table = lines.index("**`auto` beside the fastest single method, greedy**")
+    assert lines[table + 4:table + 6] == ["| overall | specd fused | 1.018× | 1.004-1.032 |",
+                                          "| writing | specd suffix | 0.966× | 0.881-1.039 |"]
+    assert "**`auto` beside the fastest single method, sampled, temperature 1**" not in lines
+    assert any("each resample picking its own fastest method" in line for line in lines)
+    assert not any("fastest single" in line for line in spec_report([summary("auto")], ["none"], "H").splitlines())
 
 
 def test_failed_requests_show_next_to_the_request_count():

@@ -1,0 +1,71 @@
+"""`auto` beside the fastest single method, per category: what issue 15's goal compares, with how far
+the comparison moves with the prompts drawn.
+
+A category's fastest single method is the fastest of several, each measured with the machine's
+request-to-request variation (3-7% on a shared 2-core VM), so it is picked partly by luck: on few prompts
+the ratio of `auto` to it leans low even where `auto` is as fast as each of them. The interval shows that:
+the prompts are resampled with replacement, each resample picks its own fastest method, and the ratio's
+2.5th and 97.5th percentiles over the resamples bound it (a paired bootstrap: every system keeps the
+requests of the prompts drawn).
+"""
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specd_cli.bench.records import RequestRecord
+from specd_cli.bench.stats import OVERALL
+
+CHOOSER = "auto"
+RESAMPLES = 1000
+SEED = 0  # resampled alike in every run: the interval depends on the records alone
+
+
+@dataclass(frozen=True)
+class BesideBest:
+    """`auto`'s tokens per second over the fastest single method's, on one category (or OVERALL) at one
+    temperature."""
+    category: str
+    temperature: float
+    fastest: str  # the fastest single method on all the group's prompts
+    ratio: float
+    interval: tuple[float, float]  # 95%, over resamples of the prompts
+
+
+def beside_best(records: list[RequestRecord], methods: Sequence[str]) -> list[BesideBest]:
+    """Per temperature, per category (in order of first appearance) then OVERALL: `auto` against the
+    fastest of `methods` other than `none` and `auto`, on the prompts every one of them answered. Empty
+    without `auto` or another method."""
+    singles = [m for m in methods if m not in ("none", CHOOSER)]
+    if CHOOSER not in methods or not singles:
+        return []
+    systems = [CHOOSER, *singles]
+    # (temperature, category) -> prompt -> system -> (tokens, seconds)
+    groups: dict[tuple[float, str], dict[str, dict[str, tuple[int, float]]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        if r.ok and r.system in systems:
+            for category in (r.category, OVERALL):
+                groups[r.temperature, category][r.prompt_id][r.system] = (r.completion_tokens, r.e2e_s)
+    found = []
+    for (temperature, category), by_prompt in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == OVERALL)):
+        answered = [by_prompt[p] for p in sorted(by_prompt) if len(by_prompt[p]) == len(systems)]
+        if not answered:
+            continue
+        fastest, ratio = _ratio(answered, singles)
+        rng = random.Random(SEED)
+        resampled = sorted(_ratio(rng.choices(answered, k=len(answered)), singles)[1] for _ in range(RESAMPLES))
+        interval = (resampled[int(0.025 * RESAMPLES)], resampled[int(0.975 * RESAMPLES) - 1])
+        found.append(BesideBest(category, temperature, fastest, ratio, interval))
+    return found
+
+
+def _ratio(prompts: list[dict[str, tuple[int, float]]], singles: list[str]) -> tuple[str, float]:
+    """The fastest single method on `prompts` (each: system -> tokens, seconds), and `auto`'s tokens per
+    second over its."""
+    def speed(system: str) -> float:
+        seconds = sum(prompt[system][1] for prompt in prompts)
+        return sum(prompt[system][0] for prompt in prompts) / seconds if seconds > 0 else 0.0
+    fastest = max(singles, key=speed)
+    return fastest, speed(CHOOSER) / speed(fastest) if speed(fastest) > 0 else 0.0
