@@ -261,7 +261,6 @@ class Scheduler:
             verified = [(item, outcome) for item, outcome in zip(plan, outcomes)
                         if item.seq.request_id in method_ids and isinstance(outcome, VerifyResult)]
             gains = [(item.seq, outcome.num_accepted - item.draft_price) for item, outcome in verified]
-            prices = [item.draft_price for item, _ in verified]
             overhang = self._overhang.seconds(method)
             self._metrics.ask_overhang.labels(method).set(overhang)
             method_round_trip = answers.round_trips.get(method, round_trip) + overhang
@@ -269,11 +268,10 @@ class Scheduler:
                 self._gate(method).went_unanswered(method_round_trip)
             else:
                 self._gate(method).asked(method_round_trip, gains)
-            for item, outcome in verified:
+            for (item, outcome), (_, gain) in zip(verified, gains):
                 self._drafters.observe(item.seq, item.guesses, len(item.draft), outcome.path)
-            for (seq, gain), price in zip(gains, prices):
-                if seq.chooser is not None:
-                    seq.chooser.observe(method, gain, price)
+                if item.seq.chooser is not None:
+                    item.seq.chooser.observe(method, gain, item.draft_price)
         realized = 0
         for item, outcome in zip(plan, outcomes):
             if isinstance(outcome, Exception):

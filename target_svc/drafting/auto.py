@@ -97,8 +97,9 @@ class MethodRecord:
         return self.steps % SHADOW_EVERY == 0
 
     def observe(self, method: str, gain: float, price: float = 0.0) -> None:
-        """An ask of `method` gained `gain` tokens net of `price`, what verifying its draft cost. Warmed (`means.warmed`): moving from its first ask alone, the record kept a drafter's one try on
-        the deployment's first sequence, whose caches were empty, for dozens of asks. Past RECORD_ASKS_A_STEP
+        """An ask of `method` gained `gain` tokens net of `price`, what verifying its draft cost. Warmed
+        (`means.warmed`): moving from its first ask alone, the record kept a drafter's one try on the
+        deployment's first sequence, whose caches were empty, for dozens of asks. Past RECORD_ASKS_A_STEP
         asks of the drafter in this step, an ask is not counted: counted all, on a fresh stack at 64 clients
         (fp32, 2-core Xeon) each shadow step remade the record from ~50 sequences that had just started, and
         the batch's drafter went through five drafters in ~60 steps, 16 of them asking lookahead, whose pools
@@ -220,13 +221,12 @@ class MethodChooser:
 
     def observe(self, method: str, gain: float, price: float = 0.0) -> None:
         """An ask of `method` (the latest choice) gained the batch `gain` tokens (0 for no draft), net of
-        `price`, the decode tokens verifying its draft cost. It counts
-        only where the other drafters were asked beside it (a shadow step), or on trial: drafters are compared
-        at the same steps of the text. (Counted at every step, the chosen drafter's estimate followed each
-        dry spell of the text at once while the others' moved at their shadow steps alone, so a sequence
-        left the drafter a dry spell found it on, for another just as dry: on a Spec-Bench reasoning prompt
-        `auto` went from `fused` to `suffix` at such a spell 42 steps in and stayed, and took 115 steps
-        where `fused` alone took 105.)"""
+        `price`, the decode tokens verifying its draft cost. It counts only where the other drafters were
+        asked beside it (a shadow step), or on trial: drafters are compared at the same steps of the text.
+        (Counted at every step, the chosen drafter's estimate followed each dry spell of the text at once
+        while the others' moved at their shadow steps alone, so a sequence left the drafter a dry spell found
+        it on, for another just as dry: on a Spec-Bench reasoning prompt `auto` went from `fused` to `suffix`
+        at such a spell 42 steps in and stayed, and took 115 steps where `fused` alone took 105.)"""
         if self._why != "best" or self.shadows:
             self._count(method, gain, price)
 
