@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specd_cli.bench.records import RequestRecord
-from specd_cli.bench.stats import OVERALL
+from specd_cli.bench.stats import OVERALL, ratio, tokens_per_second
 
 CHOOSER = "auto"
 RESAMPLES = 1000
@@ -42,30 +42,29 @@ def beside_best(records: list[RequestRecord], methods: Sequence[str]) -> list[Be
     if CHOOSER not in methods or not singles:
         return []
     systems = [CHOOSER, *singles]
-    # (temperature, category) -> prompt -> system -> (tokens, seconds)
-    groups: dict[tuple[float, str], dict[str, dict[str, tuple[int, float]]]] = defaultdict(lambda: defaultdict(dict))
+    # (temperature, category) -> prompt -> system -> its request
+    groups: dict[tuple[float, str], dict[str, dict[str, RequestRecord]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
         if r.ok and r.system in systems:
             for category in (r.category, OVERALL):
-                groups[r.temperature, category][r.prompt_id][r.system] = (r.completion_tokens, r.e2e_s)
+                groups[r.temperature, category][r.prompt_id][r.system] = r
     found = []
     for (temperature, category), by_prompt in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] == OVERALL)):
         answered = [by_prompt[p] for p in sorted(by_prompt) if len(by_prompt[p]) == len(systems)]
         if not answered:
             continue
-        fastest, ratio = _ratio(answered, singles)
+        fastest, over_fastest = _over_fastest(answered, singles)
         rng = random.Random(SEED)
-        resampled = sorted(_ratio(rng.choices(answered, k=len(answered)), singles)[1] for _ in range(RESAMPLES))
+        resampled = sorted(_over_fastest(rng.choices(answered, k=len(answered)), singles)[1]
+                           for _ in range(RESAMPLES))
         interval = (resampled[int(0.025 * RESAMPLES)], resampled[int(0.975 * RESAMPLES) - 1])
-        found.append(BesideBest(category, temperature, fastest, ratio, interval))
+        found.append(BesideBest(category, temperature, fastest, over_fastest, interval))
     return found
 
 
-def _ratio(prompts: list[dict[str, tuple[int, float]]], singles: list[str]) -> tuple[str, float]:
-    """The fastest single method on `prompts` (each: system -> tokens, seconds), and `auto`'s tokens per
-    second over its."""
-    def speed(system: str) -> float:
-        seconds = sum(prompt[system][1] for prompt in prompts)
-        return sum(prompt[system][0] for prompt in prompts) / seconds if seconds > 0 else 0.0
-    fastest = max(singles, key=speed)
-    return fastest, speed(CHOOSER) / speed(fastest) if speed(fastest) > 0 else 0.0
+def _over_fastest(prompts: list[dict[str, RequestRecord]], singles: list[str]) -> tuple[str, float]:
+    """The fastest single method on `prompts` (each: system -> its request), and `auto`'s tokens per second
+    over its."""
+    speeds = {system: tokens_per_second(prompt[system] for prompt in prompts) or 0.0 for system in (CHOOSER, *singles)}
+    fastest = max(singles, key=speeds.__getitem__)
+    return fastest, ratio(speeds[CHOOSER], speeds[fastest]) or 0.0

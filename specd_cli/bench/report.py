@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specd_cli.bench.beside_best import BesideBest
+from specd_cli.bench.beside_best import RESAMPLES, BesideBest
 from specd_cli.bench.records import BASELINE_SYSTEMS
 from specd_cli.bench.stats import OVERALL, ServeSummary, SpecSummary
 
@@ -60,7 +60,7 @@ def spec_table(summaries: list[SpecSummary], references: list[str], by_category:
 
 BESIDE_BEST_DEFINITIONS = (
     "`auto` / fastest single: `auto`'s tok/s over the fastest other specd method's (`none` aside) on the "
-    "prompts all of them answered; 95% interval: of that ratio over 1,000 resamples of those prompts with "
+    f"prompts all of them answered; 95% interval: of that ratio over {RESAMPLES:,} resamples of those prompts with "
     "replacement, each resample picking its own fastest method (`specd_cli/bench/beside_best.py`).")
 
 
